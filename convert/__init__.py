@@ -1,0 +1,1 @@
+"""Checkpoint converters: Hugging Face safetensors -> jaxspec Flax params -> Orbax."""

@@ -1,0 +1,82 @@
+"""The one table from Hugging Face checkpoint keys to jaxspec parameter paths."""
+
+from __future__ import annotations
+
+
+
+from jaxspec.config import FULL, TargetConfig
+
+# Text weights appear as `model.language_model.X` (multimodal Qwen3_5ForConditionalGeneration) or
+# `model.X` (Qwen3_5ForCausalLM); `lm_head.weight` is top level in both.
+_TEXT_PREFIXES = ("model.language_model.", "model.")
+IGNORED_PREFIXES = ("model.visual.", "mtp.")
+
+
+def target_layout(cfg: TargetConfig) -> dict[str, tuple[tuple, tuple[int, ...], str]]:
+    """HF key (without the text prefix) -> (param path in the NNX state, HF shape, transform).
+
+    transform: 'linear' transposes [out, in] -> [in, out]; 'conv' maps [C, 1, K] -> [K, C];
+    'copy' keeps the tensor as is.
+    """
+    d = cfg.hidden_size
+    out: dict[str, tuple[tuple, tuple[int, ...], str]] = {
+        "embed_tokens.weight": (("embed_tokens",), (cfg.vocab_size, d), "copy"),
+        "norm.weight": (("norm", "weight"), (d,), "copy"),
+    }
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (("lm_head", "kernel"), (cfg.vocab_size, d), "linear")
+
+    def lin(name, path, o, i):
+        out[name] = (path + ("kernel",), (o, i), "linear")
+
+    for i, t in enumerate(cfg.layer_types):
+        p, L = f"layers.{i}.", ("layers", i)
+        out[p + "input_layernorm.weight"] = (L + ("input_layernorm", "weight"), (d,), "copy")
+        out[p + "post_attention_layernorm.weight"] = (L + ("post_attention_layernorm", "weight"), (d,), "copy")
+        for n, (o, ii) in {"gate_proj": (cfg.intermediate_size, d), "up_proj": (cfg.intermediate_size, d),
+                           "down_proj": (d, cfg.intermediate_size)}.items():
+            lin(p + f"mlp.{n}.weight", L + ("mlp", n), o, ii)
+        if t == FULL:
+            a, A = p + "self_attn.", L + ("self_attn",)
+            hd = cfg.head_dim
+            lin(a + "q_proj.weight", A + ("q_proj",), cfg.num_heads * hd * 2, d)
+            lin(a + "k_proj.weight", A + ("k_proj",), cfg.num_kv_heads * hd, d)
+            lin(a + "v_proj.weight", A + ("v_proj",), cfg.num_kv_heads * hd, d)
+            lin(a + "o_proj.weight", A + ("o_proj",), d, cfg.num_heads * hd)
+            out[a + "q_norm.weight"] = (A + ("q_norm", "weight"), (hd,), "copy")
+            out[a + "k_norm.weight"] = (A + ("k_norm", "weight"), (hd,), "copy")
+        else:
+            g, G = p + "linear_attn.", L + ("linear_attn",)
+            hv = cfg.linear_num_value_heads
+            lin(g + "in_proj_qkv.weight", G + ("in_proj_qkv",), cfg.conv_dim, d)
+            lin(g + "in_proj_z.weight", G + ("in_proj_z",), cfg.value_dim, d)
+            lin(g + "in_proj_b.weight", G + ("in_proj_b",), hv, d)
+            lin(g + "in_proj_a.weight", G + ("in_proj_a",), hv, d)
+            lin(g + "out_proj.weight", G + ("out_proj",), d, cfg.value_dim)
+            out[g + "conv1d.weight"] = (G + ("conv1d",), (cfg.conv_dim, 1, cfg.conv_kernel), "conv")
+            out[g + "dt_bias"] = (G + ("dt_bias",), (hv,), "copy")
+            out[g + "A_log"] = (G + ("A_log",), (hv,), "copy")
+            out[g + "norm.weight"] = (G + ("norm", "weight"), (cfg.linear_value_head_dim,), "copy")
+    return out
+
+
+def strip_text_prefix(key: str) -> str | None:
+    """The text-model key without its prefix; None for keys that are not text weights."""
+    if key == "lm_head.weight":
+        return key
+    if key.startswith(IGNORED_PREFIXES):
+        return None
+    for pre in _TEXT_PREFIXES:
+        if key.startswith(pre):
+            return key[len(pre):]
+    return None
+
+
+def transform(array, kind: str):
+    if kind == "linear":
+        return array.T
+    if kind == "conv":
+        return array[:, 0, :].T
+    return array
+
+

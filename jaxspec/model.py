@@ -1,0 +1,360 @@
+"""Qwen3.5/3.6 hybrid target in Flax NNX: gated full attention + Gated DeltaNet (DESIGN.md section 1).
+
+The model knows nothing about decoding strategy: it runs one `forward` over a tree of N tokens on top
+of a committed `State`, and `commit` folds an accepted path of that tree into the state.
+Parameter names follow the Hugging Face checkpoint (`convert/` maps them one to one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxspec.config import FULL, TargetConfig
+from jaxspec.tree import Tree, ancestor_at
+from pallas_kernels.tree_delta_rule import state_at, tree_delta_rule
+
+CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
+
+
+def _init(rngs, shape, dtype, std=0.02):
+    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype) * std)
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel, kernel [in, out] (the transpose of the PyTorch weight). No bias anywhere."""
+
+    def __init__(self, d_in: int, d_out: int, *, dtype, rngs: nnx.Rngs):
+        self.kernel = _init(rngs, (d_in, d_out), dtype)
+
+    def __call__(self, x):
+        return jnp.einsum("...d,df->...f", x, self.kernel[...])
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm in fp32. `offset=1.0` is Qwen3.5's zero-centred (1 + w) form; 0.0 the plain w form."""
+
+    def __init__(self, dim: int, *, eps: float, offset: float, dtype):
+        self.weight = nnx.Param(jnp.full((dim,), 1.0 - offset, dtype))
+        self.eps, self.offset = eps, offset
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + self.eps)
+        return (xf * (self.offset + self.weight[...].astype(jnp.float32))).astype(x.dtype)
+
+
+def rope(x, positions, rotary_dim: int, theta: float):
+    """rotate_half RoPE on the first `rotary_dim` dims of the last axis; x [B,N,H,D], positions [B,N]."""
+    inv = 1.0 / theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
+    freqs = positions.astype(jnp.float32)[..., None] * inv
+    emb = jnp.concatenate([freqs, freqs], -1)[:, :, None, :]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    xr, xp = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rot = jnp.concatenate([-xr[..., half:], xr[..., :half]], -1)
+    return jnp.concatenate([xr * cos + rot * sin, xp], -1)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: TargetConfig, *, rngs):
+        dt = cfg.jnp_dtype
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, dtype=dt, rngs=rngs)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, dtype=dt, rngs=rngs)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dt, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nnx.Module):
+    """Gated full attention: q_proj emits query and a sigmoid output gate, interleaved per head."""
+
+    def __init__(self, cfg: TargetConfig, *, rngs):
+        dt, d, hd = cfg.jnp_dtype, cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = Linear(d, cfg.num_heads * hd * 2, dtype=dt, rngs=rngs)
+        self.k_proj = Linear(d, cfg.num_kv_heads * hd, dtype=dt, rngs=rngs)
+        self.v_proj = Linear(d, cfg.num_kv_heads * hd, dtype=dt, rngs=rngs)
+        self.o_proj = Linear(cfg.num_heads * hd, d, dtype=dt, rngs=rngs)
+        self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
+        self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
+
+    def __call__(self, x, keys, values, start, positions, tree: Tree):
+        """x [B,N,D]; keys/values [B,L,KV,hd] committed cache; start [B]. Returns y and the cache with
+        the N tree slots written at start..start+N-1."""
+        cfg = self.cfg
+        b, n, _ = x.shape
+        hd, kvh = cfg.head_dim, cfg.num_kv_heads
+        group = cfg.num_heads // kvh
+        qg = self.q_proj(x).reshape(b, n, cfg.num_heads, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:]
+        q = rope(self.q_norm(q), positions, cfg.rotary_dim, cfg.rope_theta)
+        k = rope(self.k_norm(self.k_proj(x).reshape(b, n, kvh, hd)), positions, cfg.rotary_dim, cfg.rope_theta)
+        v = self.v_proj(x).reshape(b, n, kvh, hd)
+        slots = start[:, None] + jnp.arange(n, dtype=jnp.int32)
+        rows = jnp.arange(b)[:, None]
+        keys = keys.at[rows, slots].set(k.astype(keys.dtype))
+        values = values.at[rows, slots].set(v.astype(values.dtype))
+
+        # Visible: the committed prefix, and tree slots that are ancestors-or-self.
+        rel = jnp.arange(keys.shape[1], dtype=jnp.int32)[None, :] - start[:, None]          # [B,L]
+        in_tree = jnp.take_along_axis(tree.anc, jnp.clip(rel, 0, n - 1)[:, None, :].repeat(n, 1), 2)
+        visible = (rel < 0)[:, None, :] | ((rel < n)[:, None, :] & (rel >= 0)[:, None, :] & in_tree)
+
+        qh = q.reshape(b, n, kvh, group, hd)
+        scores = jnp.einsum("bnkgh,blkh->bkgnl", qh, keys).astype(jnp.float32) / math.sqrt(hd)
+        scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+        probs = jax.nn.softmax(scores, -1).astype(values.dtype)
+        out = jnp.einsum("bkgnl,blkh->bnkgh", probs, values).reshape(b, n, cfg.num_heads * hd)
+        out = out * jax.nn.sigmoid(gate.reshape(b, n, -1)).astype(out.dtype)
+        return self.o_proj(out.astype(x.dtype)), keys, values
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GDNPending:
+    """What commit needs from one GDN layer's verify: per node, never a per-node state."""
+
+    conv_in: jax.Array   # [B, N, C] pre-conv inputs
+    k: jax.Array         # [B, N, Hk, Dk] fp32, l2-normalised
+    delta: jax.Array     # [B, N, Hv, Dv] fp32
+    G: jax.Array         # [B, N, Hv] fp32, log-decay cumulated along the path within the node's block
+    s_mid: jax.Array     # [B, blocks-1, Hv, Dk, Dv] fp32 state entering blocks 1.. (chains only)
+
+
+class GatedDeltaNet(nnx.Module):
+    def __init__(self, cfg: TargetConfig, *, rngs):
+        dt, d = cfg.jnp_dtype, cfg.hidden_size
+        hv = cfg.linear_num_value_heads
+        self.cfg = cfg
+        self.in_proj_qkv = Linear(d, cfg.conv_dim, dtype=dt, rngs=rngs)
+        self.in_proj_z = Linear(d, cfg.value_dim, dtype=dt, rngs=rngs)
+        self.in_proj_b = Linear(d, hv, dtype=dt, rngs=rngs)
+        self.in_proj_a = Linear(d, hv, dtype=dt, rngs=rngs)
+        # Depthwise causal conv, kernel [K, C]; tap K-1 multiplies the current token.
+        self.conv1d = _init(rngs, (cfg.conv_kernel, cfg.conv_dim), dt, std=0.5)
+        self.dt_bias = nnx.Param(jnp.ones((hv,), dt))
+        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (hv,), jnp.float32, 1, 16)).astype(dt))
+        self.norm = RMSNorm(cfg.linear_value_head_dim, eps=cfg.rms_norm_eps, offset=0.0, dtype=dt)
+        self.out_proj = Linear(cfg.value_dim, d, dtype=dt, rngs=rngs)
+
+    def conv(self, conv_in, history, tree: Tree):
+        """Causal depthwise conv along ancestors: node i's window is (ancestor at distance K-1, ..., 1,
+        itself); distances past the root read the committed history of the last K-1 inputs."""
+        kw = self.cfg.conv_kernel
+        ext = jnp.concatenate([history.astype(conv_in.dtype), conv_in], 1)      # [B, K-1+N, C]
+        w = self.conv1d[...]
+        out = 0.0
+        for d in range(kw):
+            idx = window_index(tree, d, kw - 1)
+            out = out + jnp.take_along_axis(ext, idx[..., None], 1) * w[kw - 1 - d]
+        return jax.nn.silu(out)
+
+    def __call__(self, x, history, s0, tree: Tree):
+        cfg = self.cfg
+        b, n, _ = x.shape
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        conv_in = self.in_proj_qkv(x)
+        z = self.in_proj_z(x).reshape(b, n, hv, dv)
+        beta = jax.nn.sigmoid(self.in_proj_b(x)).astype(jnp.float32)
+        a = self.in_proj_a(x).astype(jnp.float32)
+        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...].astype(jnp.float32))
+        qkv = self.conv(conv_in, history, tree)
+        q, k, v = jnp.split(qkv, [cfg.key_dim, 2 * cfg.key_dim], -1)
+        q = l2norm(q.reshape(b, n, hk, dk).astype(jnp.float32)) * dk ** -0.5
+        k = l2norm(k.reshape(b, n, hk, dk).astype(jnp.float32))
+        v = v.reshape(b, n, hv, dv).astype(jnp.float32)
+        rep = hv // hk  # value head h reads key head h // rep (repeat_interleave)
+        o, delta, G, s_mid = delta_rule(jnp.repeat(q, rep, 2), jnp.repeat(k, rep, 2), v, g, beta, tree, s0)
+        o = self.norm(o.astype(x.dtype))
+        o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
+        return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)
+
+
+def l2norm(x, eps=1e-6):
+    return x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + eps)
+
+
+def window_index(tree: Tree, distance: int, hist: int):
+    """Index into concat(history[hist], nodes[N]) of each node's conv input `distance` steps up."""
+    anc = ancestor_at(tree, distance)
+    return jnp.where(anc >= 0, hist + anc, hist + tree.depth - distance)
+
+
+def delta_rule(q, k, v, g, beta, tree: Tree, s0):
+    """Trees run as one block; chains in blocks of CHUNK with the state carried between blocks."""
+    n = q.shape[1]
+    if not tree.chain or n <= CHUNK:
+        o, delta, G = tree_delta_rule(q, k, v, g, beta, tree.anc, s0)
+        return o, delta, G, jnp.zeros((s0.shape[0], 0) + s0.shape[1:], jnp.float32)
+    nb = -(-n // CHUNK)
+    pad = nb * CHUNK - n
+    # Padded nodes have beta = 0 and g = 0: they leave the state untouched.
+    q, k, v, g, beta = (jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in (q, k, v, g, beta))
+    blocks = tuple(x.reshape((x.shape[0], nb, CHUNK) + x.shape[2:]).swapaxes(0, 1) for x in (q, k, v, g, beta))
+    b = q.shape[0]
+    anc = jnp.broadcast_to(jnp.tril(jnp.ones((CHUNK, CHUNK), bool)), (b, CHUNK, CHUNK))
+    last = jnp.ones((b, CHUNK), bool)
+
+    def step(s, blk):
+        qb, kb, vb, gb, bb = blk
+        o, delta, G = tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
+        return state_at(s, kb, delta, G, last, G[:, -1]), (o, delta, G, s)
+
+    _, (o, delta, G, s_in) = jax.lax.scan(step, s0.astype(jnp.float32), blocks)
+    unblock = lambda x: x.swapaxes(0, 1).reshape((b, nb * CHUNK) + x.shape[3:])[:, :n]
+    return unblock(o), unblock(delta), unblock(G), s_in[1:].swapaxes(0, 1)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: TargetConfig, layer_type: str, *, rngs):
+        dt = cfg.jnp_dtype
+        self.is_full = layer_type == FULL
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
+        if self.is_full:
+            self.self_attn = Attention(cfg, rngs=rngs)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class State:
+    """Committed decoding state of a batch. Per-layer tuples: layers are unrolled (DESIGN.md section 5)."""
+
+    length: jax.Array               # [B] int32 committed tokens
+    keys: tuple[jax.Array, ...]     # per full layer [B, L, KV, hd]
+    values: tuple[jax.Array, ...]
+    conv: tuple[jax.Array, ...]     # per GDN layer [B, K-1, C] last pre-conv inputs
+    ssm: tuple[jax.Array, ...]      # per GDN layer [B, Hv, Dk, Dv] fp32
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A verified tree not yet committed: the GDN per-node terms (attention K/V are already in the
+    state's tree slots)."""
+
+    gdn: tuple[GDNPending, ...]
+
+
+class Qwen35(nnx.Module):
+    """The text model: embed -> decoder layers -> (1 + w) norm -> untied lm_head."""
+
+    def __init__(self, cfg: TargetConfig, *, rngs: nnx.Rngs):
+        dt = cfg.jnp_dtype
+        self.cfg = cfg
+        self.embed_tokens = _init(rngs, (cfg.vocab_size, cfg.hidden_size), dt)
+        self.layers = nnx.List([DecoderLayer(cfg, t, rngs=rngs) for t in cfg.layer_types])
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dt, rngs=rngs)
+
+    def init_state(self, batch: int, max_len: int) -> State:
+        return init_state(self.cfg, batch, max_len)
+
+    def embed(self, tokens):
+        return jnp.take(self.embed_tokens[...], tokens, axis=0)
+
+    def logits(self, h):
+        """Final norm + lm_head, in fp32. h [..., D] is the residual stream."""
+        h = self.norm(h)
+        w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head.kernel[...]
+        return jnp.einsum("...d,dv->...v", h, w).astype(jnp.float32)
+
+    def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None):
+        """Verify forward of a tree of N tokens per sequence on top of `state`.
+
+        tokens [B,N]; node i sits at RoPE position length + depth[i] and sees the committed prefix plus
+        its ancestors-or-self. Returns (logits [B,N,V] or [B,V] at `logit_index` [B], taps
+        [B,N,len(taps),D] = outputs of those decoder layers, state with the tree's K/V written to
+        slots length..length+N-1, Pending for `commit`).
+        """
+        start = state.length
+        positions = start[:, None] + tree.depth
+        x = self.embed(tokens)
+        keys, values, pend, tapped = list(state.keys), list(state.values), [], {}
+        fi = li = 0
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            if layer.is_full:
+                h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree)
+                fi += 1
+            else:
+                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree)
+                pend.append(p)
+                li += 1
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in taps:
+                tapped[i] = x
+        if logit_index is not None:
+            x = jnp.take_along_axis(x, logit_index[:, None, None], 1)[:, 0]
+        tap_out = jnp.stack([tapped[i] for i in taps], 2) if taps else None
+        new = dataclasses.replace(state, keys=tuple(keys), values=tuple(values))
+        return self.logits(x), tap_out, new, Pending(tuple(pend))
+
+
+def init_state(cfg: TargetConfig, batch: int, max_len: int) -> State:
+    dt = cfg.jnp_dtype
+    nf, nl = len(cfg.full_layers), len(cfg.linear_layers)
+    kv = lambda: jnp.zeros((batch, max_len, cfg.num_kv_heads, cfg.head_dim), dt)
+    return State(
+        length=jnp.zeros((batch,), jnp.int32),
+        keys=tuple(kv() for _ in range(nf)),
+        values=tuple(kv() for _ in range(nf)),
+        conv=tuple(jnp.zeros((batch, cfg.conv_kernel - 1, cfg.conv_dim), dt) for _ in range(nl)),
+        ssm=tuple(jnp.zeros((batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                             cfg.linear_value_head_dim), jnp.float32) for _ in range(nl)),
+    )
+
+
+def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, n) -> State:
+    """Fold an accepted root-to-node path into the state.
+
+    path [B, N]: node indices of the accepted path (path[:, k] has depth k), valid for k < n [B], n >= 1.
+    Attention: tree-slot rows start + path[k] move to start + k (their RoPE positions, start + depth,
+    are already right). GDN: the state after the last accepted node is rebuilt from its block's
+    entering state and the per-node deltas; the conv history becomes that node's window.
+    """
+    start = state.length
+    b, nn = tree.parent.shape
+    last = jnp.take_along_axis(path, (n - 1)[:, None], 1)[:, 0]                       # [B]
+    keys, values = state.keys, state.values
+    if not tree.chain:
+        rows = jnp.arange(b)[:, None]
+        src = start[:, None] + path
+        dst = jnp.where(jnp.arange(nn)[None] < n[:, None], start[:, None] + jnp.arange(nn)[None], state.max_len)
+        move = lambda c: c.at[rows, dst].set(c[rows, jnp.clip(src, 0, state.max_len - 1)], mode="drop")
+        keys, values = tuple(map(move, keys)), tuple(map(move, values))
+
+    block = last // CHUNK if tree.chain else jnp.zeros_like(last)
+    in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
+    anc_row = jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block  # [B,N]
+    hist = cfg.conv_kernel - 1
+    win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
+    win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
+    conv, ssm = [], []
+    for s0, h0, p in zip(state.ssm, state.conv, pending.gdn):
+        base = s0
+        if p.s_mid.shape[1]:
+            mids = jnp.concatenate([s0[:, None], p.s_mid], 1)
+            base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
+        g_last = jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0]
+        rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
+        ssm.append(state_at(base, jnp.repeat(p.k, rep, 2), p.delta, p.G, anc_row, g_last))
+        ext = jnp.concatenate([h0.astype(p.conv_in.dtype), p.conv_in], 1)
+        conv.append(jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype))
+    return State(start + n, keys, values, tuple(conv), tuple(ssm))

@@ -1,0 +1,64 @@
+"""The tree every decoding method verifies (DESIGN.md section 2): AR is one node, DFlash a chain."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """N nodes per sequence in a topological order (parents before children); node 0 is the root.
+
+    parent: [B, N] int32, -1 at the root.  depth: [B, N] int32, 0 at the root.
+    anc: [B, N, N] bool, anc[b, i, j] iff j is an ancestor-or-self of i.
+    chain: static; True when node i's parent is i - 1 for every i (prefill chunks, DFlash), which lets
+    the delta rule run in fixed-size chunks with the state carried between them.
+    """
+
+    parent: jax.Array
+    depth: jax.Array
+    anc: jax.Array
+    chain: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @property
+    def size(self) -> int:
+        return self.parent.shape[1]
+
+
+def chain(batch: int, n: int) -> Tree:
+    idx = jnp.arange(n, dtype=jnp.int32)
+    parent = jnp.broadcast_to(idx - 1, (batch, n))
+    depth = jnp.broadcast_to(idx, (batch, n))
+    anc = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (batch, n, n))
+    return Tree(parent, depth, anc, chain=True)
+
+
+def from_parents(parent: jax.Array) -> Tree:
+    """Depths and the ancestor mask from parents [B, N] given in a topological order."""
+    parent = jnp.asarray(parent, jnp.int32)
+    b, n = parent.shape
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=bool), (b, n, n))
+
+    def step(i, carry):
+        anc, depth = carry
+        p = parent[:, i]
+        has = p >= 0
+        row = jnp.where(has[:, None], jnp.take_along_axis(anc, jnp.maximum(p, 0)[:, None, None], 1)[:, 0], False)
+        anc = anc.at[:, i].set(row | eye[:, i])
+        d = jnp.where(has, jnp.take_along_axis(depth, jnp.maximum(p, 0)[:, None], 1)[:, 0] + 1, 0)
+        return anc, depth.at[:, i].set(d)
+
+    anc, depth = jax.lax.fori_loop(0, n, step, (eye, jnp.zeros((b, n), jnp.int32)))
+    return Tree(parent, depth, anc, chain=False)
+
+
+def ancestor_at(tree: Tree, distance: int) -> jax.Array:
+    """Index of each node's ancestor `distance` steps up, or -1 past the root. [B, N]"""
+    node = jnp.broadcast_to(jnp.arange(tree.size, dtype=jnp.int32), tree.parent.shape)
+    for _ in range(distance):
+        node = jnp.where(node >= 0, jnp.take_along_axis(tree.parent, jnp.maximum(node, 0), 1), -1)
+    return node

@@ -1,0 +1,1 @@
+"""Kernels for the hot paths of jaxspec, one package per op, each beside its pure-jnp reference."""

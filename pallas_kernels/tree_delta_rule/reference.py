@@ -1,0 +1,82 @@
+"""Pure-jnp reference of the tree delta rule: the spec and the test oracle for its kernels.
+
+Per value head, with A the ancestor-or-self mask of a block of N nodes in topological order
+(so A is lower-triangular), G = A g and D_ij = exp(G_i - G_j) A_ij:
+
+    (I + diag(beta) (strict(D) * K K^T)) Delta = diag(beta) (V - diag(e^G) K S0)
+    O   = diag(e^G) Q S0 + (D * Q K^T) Delta
+    S_a = e^{G_a} S0 + sum_{j in anc*(a)} e^{G_a - G_j} k_j Delta_j^T
+
+Delta_j is the true per-token delta of the recurrence S_t = e^{g_t} S_{t-1} + k_t Delta_t^T, so no
+per-node state is ever stored: the state of any node is rebuilt from (S0, k, Delta, G).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _decay(G, anc):
+    """D_ij = exp(G_i - G_j) on ancestors, 0 elsewhere. [B,H,N,N].
+
+    exp(G_i - G_j) is formed from the difference, never as exp(G_i) * exp(-G_j): G is a sum of
+    negative log-decays and exp(-G_j) overflows fp32 on long paths.
+    """
+    diff = G[..., :, None] - G[..., None, :]
+    return jnp.where(anc[:, None], jnp.exp(jnp.where(anc[:, None], diff, 0.0)), 0.0)
+
+
+def tree_delta_rule(q, k, v, g, beta, anc, s0):
+    """One block of the gated delta rule on a tree.
+
+    q, k: [B, N, H, Dk] fp32 (q already scaled, both l2-normalised, expanded to value heads)
+    v:    [B, N, H, Dv] fp32
+    g, beta: [B, N, H] fp32 (log-decay, write strength)
+    anc:  [B, N, N] bool, anc[b, i, j] = j is an ancestor-or-self of i
+    s0:   [B, H, Dk, Dv] fp32 state entering the block
+    Returns o [B,N,H,Dv], delta [B,N,H,Dv], G [B,N,H] (path-cumulative log-decay).
+    """
+    f32 = jnp.float32
+    q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
+    n = q.shape[1]
+    G = jnp.einsum("bij,bjh->bih", anc.astype(f32), g, precision=_HI)
+    D = _decay(jnp.moveaxis(G, -1, 1), anc)                                  # [B,H,N,N]
+    eG = jnp.exp(G)                                                            # [B,N,H]
+    kk = jnp.einsum("bihd,bjhd->bhij", k, k, precision=_HI)
+    strict = ~jnp.eye(n, dtype=bool)
+    lhs = jnp.eye(n, dtype=f32) + jnp.moveaxis(beta, 1, -1)[..., :, None] * jnp.where(strict, D * kk, 0.0)
+    ks0 = jnp.einsum("bnhk,bhkv->bnhv", k, s0, precision=_HI)
+    rhs = beta[..., None] * (v - eG[..., None] * ks0)                          # [B,N,H,Dv]
+    delta = jax.scipy.linalg.solve_triangular(lhs, jnp.moveaxis(rhs, 1, 2), lower=True, unit_diagonal=True)
+    delta = jnp.moveaxis(delta, 2, 1)                                          # [B,N,H,Dv]
+    qk = jnp.einsum("bihd,bjhd->bhij", q, k, precision=_HI)
+    o = eG[..., None] * jnp.einsum("bnhk,bhkv->bnhv", q, s0, precision=_HI)
+    o = o + jnp.einsum("bhij,bjhv->bihv", D * qk, delta, precision=_HI)
+    return o, delta, G
+
+
+def state_at(s0, k, delta, G, anc_row, G_node):
+    """State after node a: e^{G_a} S0 + sum_j anc_row_j e^{G_a - G_j} k_j Delta_j^T.
+
+    s0 [B,H,Dk,Dv]; k [B,N,H,Dk]; delta [B,N,H,Dv]; G [B,N,H]; anc_row [B,N] bool (ancestors of a);
+    G_node [B,H] = G_a.
+    """
+    w = jnp.where(anc_row[..., None], jnp.exp(jnp.where(anc_row[..., None], G_node[:, None] - G, 0.0)), 0.0)
+    upd = jnp.einsum("bnh,bnhk,bnhv->bhkv", w, k.astype(jnp.float32), delta, precision=_HI)
+    return jnp.exp(G_node)[..., None, None] * s0 + upd
+
+
+def recurrent_reference(q, k, v, g, beta, s0):
+    """Token-by-token recurrence on a chain (the definition; used only by tests)."""
+    def step(s, x):
+        qt, kt, vt, gt, bt = x
+        s = jnp.exp(gt)[..., None, None] * s
+        d = bt[..., None] * (vt - jnp.einsum("bhk,bhkv->bhv", kt, s, precision=_HI))
+        s = s + jnp.einsum("bhk,bhv->bhkv", kt, d, precision=_HI)
+        return s, jnp.einsum("bhk,bhkv->bhv", qt, s, precision=_HI)
+    xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (q, k, v, g, beta))
+    s, o = jax.lax.scan(step, s0.astype(jnp.float32), xs)
+    return jnp.moveaxis(o, 0, 1), s

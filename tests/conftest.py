@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny random Qwen3.5 checkpoints written by transformers in the real layouts."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                             "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
+
+
+def text_config(**overrides):
+    from transformers import Qwen3_5TextConfig
+    kw = {**TINY, **overrides}
+    return Qwen3_5TextConfig(**kw)
+
+
+def randomize_(model, seed=0, scale=0.3):
+    """Move the zero/one-initialised norms, A_log and dt_bias off their defaults so that a wrong
+    (1 + w) convention or a dropped bias shows up in the logits."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "A_log" in name or "dt_bias" in name:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def make_causal_lm(path, seed=0, max_shard_size=None, **overrides):
+    """Qwen3_5ForCausalLM (flat `model.*` keys) saved to `path`; returns the fp32 torch model."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+    torch.manual_seed(seed)
+    model = randomize_(Qwen3_5ForCausalLM(text_config(**overrides)).float().eval(), seed)
+    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kw)
+    return model
+
+
+def make_conditional(path, seed=0, max_shard_size=None, **overrides):
+    """Qwen3_5ForConditionalGeneration (multimodal `model.language_model.*` + `model.visual.*`)."""
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    torch.manual_seed(seed)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=overrides.get(
+        "hidden_size", TINY["hidden_size"]), patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
+        num_position_embeddings=16)
+    cfg = Qwen3_5Config(text_config=text_config(**overrides).to_dict(), vision_config=vision,
+                        tie_word_embeddings=False)
+    model = randomize_(Qwen3_5ForConditionalGeneration(cfg).float().eval(), seed)
+    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kw)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """(path, torch model) of the default tiny Qwen3_5ForCausalLM."""
+    path = tmp_path_factory.mktemp("tiny_causal")
+    return path, make_causal_lm(path)
