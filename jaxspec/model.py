@@ -324,14 +324,16 @@ def init_state(cfg: TargetConfig, batch: int, max_len: int) -> State:
 def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, n) -> State:
     """Fold an accepted root-to-node path into the state.
 
-    path [B, N]: node indices of the accepted path (path[:, k] has depth k), valid for k < n [B], n >= 1.
+    path [B, N]: node indices of the accepted path (path[:, k] has depth k), valid for k < n [B]. A
+    sequence with n = 0 keeps its state (a finished sequence, or a prompt shorter than this piece).
     Attention: tree-slot rows start + path[k] move to start + k (their RoPE positions, start + depth,
     are already right). GDN: the state after the last accepted node is rebuilt from its block's
     entering state and the per-node deltas; the conv history becomes that node's window.
     """
     start = state.length
     b, nn = tree.parent.shape
-    last = jnp.take_along_axis(path, (n - 1)[:, None], 1)[:, 0]                       # [B]
+    keep = n > 0
+    last = jnp.take_along_axis(path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0]         # [B]
     keys, values = state.keys, state.values
     if not tree.chain:
         rows = jnp.arange(b)[:, None]
@@ -354,7 +356,9 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
             base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
         g_last = jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0]
         rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
-        ssm.append(state_at(base, jnp.repeat(p.k, rep, 2), p.delta, p.G, anc_row, g_last))
+        s1 = state_at(base, jnp.repeat(p.k, rep, 2), p.delta, p.G, anc_row, g_last)
+        ssm.append(jnp.where(keep[:, None, None, None], s1, s0))
         ext = jnp.concatenate([h0.astype(p.conv_in.dtype), p.conv_in], 1)
-        conv.append(jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype))
+        h1 = jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype)
+        conv.append(jnp.where(keep[:, None, None], h1, h0))
     return State(start + n, keys, values, tuple(conv), tuple(ssm))

@@ -1,0 +1,235 @@
+"""One engine for every decoding method: verify(tree) -> accept -> commit (DESIGN.md section 2).
+
+A speculator proposes a tree whose root is the pending token (the previous bonus, not yet processed
+by the target); plain AR proposes the root alone. The whole round is one compiled program, and
+`Engine.run` executes many rounds inside one `lax.while_loop`, returning to the host only between
+segments (for streaming output), never per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec import tree as trees
+from jaxspec.model import Qwen35, State, commit, init_state
+from jaxspec.sampling import Sampling, choose
+
+
+def accept(tree: trees.Tree, tokens, target_choice):
+    """Walk from the root along the target's own choice: at node `cur` go to the child whose token is
+    target_choice[cur]; stop when there is none. Lossless for greedy and for independent per-node
+    samples. Returns path [B,N] (valid for k < n), n [B] >= 1, bonus [B]."""
+    b, n_nodes = tokens.shape
+
+    def step(k, carry):
+        path, n, cur, alive = carry
+        want = jnp.take_along_axis(target_choice, cur[:, None], 1)
+        match = (tree.parent == cur[:, None]) & (tokens == want)
+        found = alive & match.any(1)
+        nxt = jnp.argmax(match, 1).astype(jnp.int32)
+        path = path.at[:, k].set(jnp.where(found, nxt, path[:, k]))
+        return path, n + found, jnp.where(found, nxt, cur), found
+
+    init = (jnp.zeros((b, n_nodes), jnp.int32), jnp.ones((b,), jnp.int32), jnp.zeros((b,), jnp.int32),
+            jnp.ones((b,), bool))
+    path, n, cur, _ = jax.lax.fori_loop(1, n_nodes, step, init)
+    bonus = jnp.take_along_axis(target_choice, cur[:, None], 1)[:, 0]
+    return path, n, bonus
+
+
+class AR:
+    """Plain autoregressive decoding: a one-node tree. Needs no taps and keeps no state."""
+
+    name = "ar"
+    taps: tuple[int, ...] = ()
+    tree_size = 1
+
+    def init(self, batch: int, max_len: int):
+        return ()
+
+    def start(self, draft, taps, n):
+        return draft
+
+    def propose(self, draft, pending, key):
+        return pending[:, None], trees.chain(pending.shape[0], 1)
+
+    def update(self, draft, taps, path, n):
+        return draft
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """Everything that changes from round to round, on the device."""
+
+    state: State
+    draft: Any
+    pending: jax.Array     # [B] the bonus token the target has not processed yet
+    out: jax.Array         # [B, max_new + tree_size] generated tokens
+    n_out: jax.Array       # [B]
+    done: jax.Array        # [B] bool
+    key: jax.Array
+    hist: jax.Array        # [B, tree_size + 1] accepted-length histogram (tokens emitted per round)
+    rounds: jax.Array      # [B] rounds run while not done
+
+
+@dataclasses.dataclass
+class Result:
+    tokens: list[list[int]]
+    prefill_s: float
+    decode_s: float
+    rounds: np.ndarray
+    hist: np.ndarray       # [tree_size + 1] rounds by tokens emitted, summed over the batch
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per verify round (the acceptance length)."""
+        r = int(self.hist.sum())
+        return float((self.hist * np.arange(len(self.hist))).sum() / r) if r else 0.0
+
+
+class Engine:
+    """Holds the compiled prefill and round functions for one model, speculator and sampling."""
+
+    def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
+                 stop_tokens=(), prefill_chunk: int = 256):
+        self.cfg = model.cfg
+        self.graphdef, self.params = nnx.split(model)
+        self.spec = speculator or AR()
+        self.sampling = sampling
+        self.stop = jnp.asarray(sorted(set(int(t) for t in stop_tokens)) or [-1], jnp.int32)
+        self.prefill_chunk = prefill_chunk
+        self._prefill = jax.jit(self._prefill_piece, donate_argnums=(1,))
+        self._run = jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,))
+
+    # -- compiled pieces -------------------------------------------------------------------------
+
+    def _model(self, params) -> Qwen35:
+        return nnx.merge(self.graphdef, params)
+
+    def _prefill_piece(self, params, state: State, draft, tokens, n):
+        """Commit one piece of the prompt: a chain of P tokens of which the first n[b] are real."""
+        model = self._model(params)
+        b, p = tokens.shape
+        tr = trees.chain(b, p)
+        idx = jnp.maximum(n - 1, 0)
+        logits, taps, new, pend = model(tokens, state, tr, taps=self.spec.taps, logit_index=idx)
+        path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+        new = commit(self.cfg, new, pend, tr, path, n)
+        draft = self.spec.start(draft, taps, n)
+        return logits, new, draft
+
+    def _round(self, params, d: Decoding, max_new: int) -> Decoding:
+        model = self._model(params)
+        key, k_draft, k_accept = jax.random.split(d.key, 3)
+        tokens, tr = self.spec.propose(d.draft, d.pending, k_draft)
+        logits, taps, state, pend = model(tokens, d.state, tr, taps=self.spec.taps)
+        choice = choose(k_accept, logits, self.sampling)
+        path, n, bonus = accept(tr, tokens, choice)
+        n_commit = jnp.where(d.done, 0, n)  # finished sequences keep their state
+        state = commit(self.cfg, state, pend, tr, path, n_commit)
+        draft = self.spec.update(d.draft, taps, path, n_commit)
+        # Emitted this round: the accepted drafts (path[1:n]) then the bonus.
+        b, nn = tokens.shape
+        k = jnp.arange(nn, dtype=jnp.int32)[None]
+        path_tok = jnp.take_along_axis(tokens, jnp.roll(path, -1, 1), 1)
+        emit = jnp.where(k < n[:, None] - 1, path_tok, bonus[:, None])
+        valid = (k < n[:, None]) & ~d.done[:, None]
+        is_stop = (emit[..., None] == self.stop).any(-1) & valid
+        first_stop = jnp.where(is_stop.any(1), jnp.argmax(is_stop, 1) + 1, nn)
+        count = jnp.minimum(jnp.minimum(n, first_stop), max_new - d.n_out)
+        count = jnp.where(d.done, 0, count)
+        rows = jnp.arange(b)[:, None]
+        slots = jnp.where(k < count[:, None], d.n_out[:, None] + k, d.out.shape[1])
+        out = d.out.at[rows, slots].set(emit, mode="drop")
+        n_out = d.n_out + count
+        room = state.length + self.spec.tree_size <= state.max_len
+        done = d.done | is_stop.any(1) | (n_out >= max_new) | ~room
+        hist = d.hist.at[jnp.arange(b), n].add(jnp.where(d.done, 0, 1))
+        return Decoding(state, draft, jnp.where(d.done, d.pending, bonus), out, n_out, done, key, hist,
+                        d.rounds + ~d.done)
+
+    def _run_rounds(self, params, d: Decoding, max_new: int, max_rounds: int) -> Decoding:
+        def cond(c):
+            i, d = c
+            return (i < max_rounds) & ~d.done.all()
+
+        def body(c):
+            i, d = c
+            return i + 1, self._round(params, d, max_new)
+
+        return jax.lax.while_loop(cond, body, (0, d))[1]
+
+    # -- host driver -----------------------------------------------------------------------------
+
+    def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0) -> Decoding:
+        b = len(prompts)
+        lens = np.array([len(p) for p in prompts], np.int32)
+        if (lens == 0).any():
+            raise ValueError("every prompt needs at least one token")
+        if lens.max() >= max_len:
+            raise ValueError(f"prompt of {lens.max()} tokens does not fit the context of {max_len} tokens")
+        p = min(self.prefill_chunk, max(16, 1 << int(lens.max() - 1).bit_length()))
+        total = -(-int(lens.max()) // p) * p
+        toks = np.zeros((b, total), np.int32)
+        for i, pr in enumerate(prompts):
+            toks[i, :len(pr)] = pr
+        state = init_state(self.cfg, b, max_len)
+        draft = self.spec.init(b, max_len)
+        last = None
+        for c in range(0, total, p):
+            n = np.clip(lens - c, 0, p).astype(np.int32)
+            logits, state, draft = self._prefill(self.params, state, draft, jnp.asarray(toks[:, c:c + p]),
+                                                 jnp.asarray(n))
+            has_last = jnp.asarray((lens - 1 >= c) & (lens - 1 < c + p))[:, None]
+            last = logits if last is None else jnp.where(has_last, logits, last)
+        key = jax.random.key(seed)
+        key, k0 = jax.random.split(key)
+        first = choose(k0, last, self.sampling)
+        return first, state, draft, key
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, max_len: int | None = None,
+                 seed: int = 0, rounds_per_call: int = 1 << 30,
+                 on_tokens: Callable[[list[list[int]]], None] | None = None) -> Result:
+        """Generate up to `max_new_tokens` per prompt; `on_tokens` receives the new tokens of each
+        sequence after every segment of `rounds_per_call` rounds."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        need = max(len(p) for p in prompts) + max_new_tokens + self.spec.tree_size
+        max_len = max_len or need
+        if need > max_len:
+            raise ValueError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens ({max_new_tokens}) "
+                             f"+ tree ({self.spec.tree_size}) exceeds the context of {max_len} tokens")
+        t0 = time.perf_counter()
+        first, state, draft, key = self.prefill(prompts, max_len, seed)
+        b = len(prompts)
+        out = jnp.zeros((b, max_new_tokens + self.spec.tree_size), jnp.int32).at[:, 0].set(first)
+        first_stop = (first[:, None] == self.stop).any(1)
+        d = Decoding(state, draft, first, out, jnp.ones((b,), jnp.int32), first_stop | (max_new_tokens <= 1), key,
+                     jnp.zeros((b, self.spec.tree_size + 1), jnp.int32), jnp.zeros((b,), jnp.int32))
+        jax.block_until_ready(d)
+        t1 = time.perf_counter()
+        shown = np.ones(b, np.int64)
+        if on_tokens:
+            on_tokens([[int(t)] for t in np.asarray(first)])
+        while not bool(d.done.all()):
+            d = self._run(self.params, d, max_new_tokens, rounds_per_call)
+            if on_tokens:
+                n_out, out = np.asarray(d.n_out), np.asarray(d.out)
+                on_tokens([out[i, shown[i]:n_out[i]].tolist() for i in range(b)])
+                shown = n_out.astype(np.int64)
+        n_out, out = np.asarray(d.n_out), np.asarray(d.out)
+        t2 = time.perf_counter()
+        return Result([out[i, :n_out[i]].tolist() for i in range(b)], t1 - t0, t2 - t1, np.asarray(d.rounds),
+                      np.asarray(d.hist).sum(0))

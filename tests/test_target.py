@@ -1,0 +1,154 @@
+"""The Flax target against Hugging Face transformers' Qwen3.5 (fp32, CPU): logits, taps, caching."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_causal_lm, make_conditional
+from convert.hf import load_target
+from jaxspec import tree as trees
+from jaxspec.model import commit, init_state
+
+CONFIGS = {
+    "default": {},
+    # Non-default layer pattern, GQA 6:1, GDN value/key ratio 4, conv kernel 3, no partial rotary.
+    "pattern": dict(layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention",
+                                 "linear_attention"], num_hidden_layers=5, num_attention_heads=6,
+                    num_key_value_heads=1, linear_num_key_heads=1, linear_num_value_heads=4,
+                    linear_conv_kernel_dim=3,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}),
+    # Layer pattern from full_attention_interval only; head_dim 16, value heads = key heads.
+    "interval": dict(num_hidden_layers=6, full_attention_interval=3, head_dim=16, linear_num_key_heads=3,
+                     linear_num_value_heads=3, linear_key_head_dim=8, linear_value_head_dim=24),
+}
+
+
+def _forward_hf(model, ids):
+    with torch.no_grad():
+        out = model(torch.tensor(ids), output_hidden_states=True)
+    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
+
+
+def _rel(a, b):
+    return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_prefill_logits_and_taps(tmp_path, name):
+    overrides = dict(CONFIGS[name])
+    if name == "interval":
+        # transformers fills layer_types itself; drop it from config.json to test the interval rule.
+        hf = make_causal_lm(tmp_path, seed=1, **overrides)
+        import json
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        cfg.pop("layer_types", None)
+        cfg["full_attention_interval"] = 3  # transformers consumes it into layer_types and drops it
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+    else:
+        hf = make_causal_lm(tmp_path, seed=1, **overrides)
+    model = load_target(tmp_path, dtype="float32")
+    ids = np.random.RandomState(0).randint(0, 512, (2, 150))
+    ref, hidden = _forward_hf(hf, ids)
+    # HF's last hidden_states entry is taken after the final norm, so compare every layer but the last.
+    taps = tuple(range(model.cfg.num_layers - 1))
+    logits, tap, _, _ = model(jnp.asarray(ids), init_state(model.cfg, 2, 160), trees.chain(2, 150), taps=taps)
+    assert _rel(logits, ref) < 1e-5
+    for j, layer in enumerate(taps):  # tap i = output of decoder layer i = HF hidden_states[i + 1]
+        assert _rel(tap[:, :, j], hidden[layer + 1]) < 1e-5
+
+
+def _commit_chain(model, state, pend, n_tree, n):
+    tr = trees.chain(state.length.shape[0], n_tree)
+    path = jnp.broadcast_to(jnp.arange(n_tree), (state.length.shape[0], n_tree))
+    return commit(model.cfg, state, pend, tr, path, jnp.full(state.length.shape, n, jnp.int32))
+
+
+def test_prefill_steps_and_chunks_reproduce_full_forward(tiny_hf):
+    path, hf = tiny_hf
+    model = load_target(path, dtype="float32")
+    ids = np.random.RandomState(3).randint(0, 512, (1, 160))
+    ref, _ = _forward_hf(hf, ids)
+    tok = jnp.asarray(ids)
+    state = init_state(model.cfg, 1, 192)
+    # Prefill 70 (two delta-rule chunks), ten 1-token steps, one chunk of 40 committed only in part
+    # (as a verify of which 7 tokens are accepted), then the rest as one chunk.
+    logits, _, state, pend = model(tok[:, :70], state, trees.chain(1, 70))
+    state = _commit_chain(model, state, pend, 70, 70)
+    assert _rel(logits, ref[:, :70]) < 1e-5
+    for t in range(70, 80):
+        logits, _, state, pend = model(tok[:, t:t + 1], state, trees.chain(1, 1))
+        state = _commit_chain(model, state, pend, 1, 1)
+        assert _rel(logits[:, 0], ref[:, t]) < 1e-5
+    logits, _, state, pend = model(tok[:, 80:120], state, trees.chain(1, 40))
+    assert _rel(logits, ref[:, 80:120]) < 1e-5
+    state = _commit_chain(model, state, pend, 40, 7)
+    assert int(state.length[0]) == 87
+    logits, _, state, pend = model(tok[:, 87:160], state, trees.chain(1, 73))
+    assert _rel(logits, ref[:, 87:160]) < 1e-5
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_multimodal_checkpoint(tmp_path, sharded):
+    hf = make_conditional(tmp_path, seed=2, max_shard_size="50KB" if sharded else None)
+    assert (tmp_path / "model.safetensors.index.json").exists() == sharded
+    model = load_target(tmp_path, dtype="float32")
+    ids = np.random.RandomState(1).randint(0, 512, (1, 33))
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor(ids), output_hidden_states=True)
+    logits, tap, _, _ = model(jnp.asarray(ids), init_state(model.cfg, 1, 40), trees.chain(1, 33), taps=(1,))
+    assert _rel(logits, out.logits.numpy()) < 1e-5
+    assert _rel(tap[:, :, 0], out.hidden_states[2].numpy()) < 1e-5
+
+
+def test_tree_nodes_equal_their_ancestor_chains(tiny_hf):
+    """Every node of a random tree gets the logits and taps of its root-to-node path run as a chain."""
+    path, _ = tiny_hf
+    model = load_target(path, dtype="float32")
+    rng = np.random.RandomState(7)
+    prompt = jnp.asarray(rng.randint(0, 512, (1, 21)))
+    base = init_state(model.cfg, 1, 64)
+    _, _, base, pend = model(prompt, base, trees.chain(1, 21))
+    base = _commit_chain(model, base, pend, 21, 21)
+    n = 12
+    parent = np.array([-1] + [rng.randint(0, i) for i in range(1, n)])
+    tokens = rng.randint(0, 512, n)
+    tr = trees.from_parents(jnp.asarray(parent[None]))
+    logits, taps, _, _ = model(jnp.asarray(tokens[None]), base, tr, taps=(0, 3))
+    for i in range(n):
+        chain = [i]
+        while parent[chain[-1]] >= 0:
+            chain.append(parent[chain[-1]])
+        chain = chain[::-1]
+        ref, ref_taps, _, _ = model(jnp.asarray(tokens[chain][None]), base, trees.chain(1, len(chain)), taps=(0, 3))
+        assert int(tr.depth[0, i]) == len(chain) - 1
+        np.testing.assert_allclose(logits[0, i], ref[0, -1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(taps[0, i], ref_taps[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_tree_commit_equals_chain_commit(tiny_hf):
+    """Committing an accepted path of a tree leaves the same state as committing that path as a chain."""
+    path, _ = tiny_hf
+    model = load_target(path, dtype="float32")
+    rng = np.random.RandomState(11)
+    prompt = jnp.asarray(rng.randint(0, 512, (1, 9)))
+    base = init_state(model.cfg, 1, 48)
+    _, _, base, pend = model(prompt, base, trees.chain(1, 9))
+    base = _commit_chain(model, base, pend, 9, 9)
+    parent = np.array([-1, 0, 0, 1, 2, 4, 4, 5])
+    tokens = rng.randint(0, 512, len(parent))
+    tr = trees.from_parents(jnp.asarray(parent[None]))
+    _, _, st, pend = model(jnp.asarray(tokens[None]), base, tr)
+    accepted = [0, 2, 4, 6]
+    pth = jnp.asarray([accepted + [0] * (len(parent) - 4)])
+    st = commit(model.cfg, st, pend, tr, pth, jnp.asarray([4]))
+    _, _, ref, pend = model(jnp.asarray(tokens[accepted][None]), base, trees.chain(1, 4))
+    ref = _commit_chain(model, ref, pend, 4, 4)
+    nxt = jnp.asarray([[5]])
+    a, *_ = model(nxt, st, trees.chain(1, 1))
+    b, *_ = model(nxt, ref, trees.chain(1, 1))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for x, y in zip(st.ssm + st.conv, ref.ssm + ref.conv):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    for x, y in zip(st.keys, ref.keys):
+        np.testing.assert_allclose(x[:, :13], y[:, :13], rtol=1e-6, atol=1e-6)
