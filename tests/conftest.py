@@ -69,3 +69,21 @@ def tiny_hf(tmp_path_factory):
     """(path, torch model) of the default tiny Qwen3_5ForCausalLM."""
     path = tmp_path_factory.mktemp("tiny_causal")
     return path, make_causal_lm(path)
+
+
+def jitted(model):
+    """model(tokens, state, tree, taps=...) and commit(...) compiled, so tests do not dispatch op by op."""
+    import functools
+
+    from flax import nnx
+
+    from jaxspec.model import commit
+
+    graphdef, params = nnx.split(model)
+
+    @functools.partial(jax.jit, static_argnames=("taps",))
+    def fwd(params, tokens, state, tree, taps=()):
+        return nnx.merge(graphdef, params)(tokens, state, tree, taps=taps)
+
+    com = jax.jit(functools.partial(commit, model.cfg))
+    return (lambda tokens, state, tree, taps=(): fwd(params, tokens, state, tree, taps=taps)), com

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_causal_lm, make_conditional
+from conftest import jitted, make_causal_lm, make_conditional
 from convert.hf import load_target
 from jaxspec import tree as trees
-from jaxspec.model import commit, init_state
+from jaxspec.model import init_state
 
 CONFIGS = {
     "default": {},
@@ -52,39 +52,41 @@ def test_prefill_logits_and_taps(tmp_path, name):
     ref, hidden = _forward_hf(hf, ids)
     # HF's last hidden_states entry is taken after the final norm, so compare every layer but the last.
     taps = tuple(range(model.cfg.num_layers - 1))
-    logits, tap, _, _ = model(jnp.asarray(ids), init_state(model.cfg, 2, 160), trees.chain(2, 150), taps=taps)
+    fwd, _ = jitted(model)
+    logits, tap, _, _ = fwd(jnp.asarray(ids), init_state(model.cfg, 2, 160), trees.chain(2, 150), taps=taps)
     assert _rel(logits, ref) < 1e-5
     for j, layer in enumerate(taps):  # tap i = output of decoder layer i = HF hidden_states[i + 1]
         assert _rel(tap[:, :, j], hidden[layer + 1]) < 1e-5
 
 
-def _commit_chain(model, state, pend, n_tree, n):
+def _commit_chain(com, state, pend, n_tree, n):
     tr = trees.chain(state.length.shape[0], n_tree)
     path = jnp.broadcast_to(jnp.arange(n_tree), (state.length.shape[0], n_tree))
-    return commit(model.cfg, state, pend, tr, path, jnp.full(state.length.shape, n, jnp.int32))
+    return com(state, pend, tr, path, jnp.full(state.length.shape, n, jnp.int32))
 
 
 def test_prefill_steps_and_chunks_reproduce_full_forward(tiny_hf):
     path, hf = tiny_hf
     model = load_target(path, dtype="float32")
+    fwd, com = jitted(model)
     ids = np.random.RandomState(3).randint(0, 512, (1, 160))
     ref, _ = _forward_hf(hf, ids)
     tok = jnp.asarray(ids)
     state = init_state(model.cfg, 1, 192)
     # Prefill 70 (two delta-rule chunks), ten 1-token steps, one chunk of 40 committed only in part
     # (as a verify of which 7 tokens are accepted), then the rest as one chunk.
-    logits, _, state, pend = model(tok[:, :70], state, trees.chain(1, 70))
-    state = _commit_chain(model, state, pend, 70, 70)
+    logits, _, state, pend = fwd(tok[:, :70], state, trees.chain(1, 70))
+    state = _commit_chain(com, state, pend, 70, 70)
     assert _rel(logits, ref[:, :70]) < 1e-5
     for t in range(70, 80):
-        logits, _, state, pend = model(tok[:, t:t + 1], state, trees.chain(1, 1))
-        state = _commit_chain(model, state, pend, 1, 1)
+        logits, _, state, pend = fwd(tok[:, t:t + 1], state, trees.chain(1, 1))
+        state = _commit_chain(com, state, pend, 1, 1)
         assert _rel(logits[:, 0], ref[:, t]) < 1e-5
-    logits, _, state, pend = model(tok[:, 80:120], state, trees.chain(1, 40))
+    logits, _, state, pend = fwd(tok[:, 80:120], state, trees.chain(1, 40))
     assert _rel(logits, ref[:, 80:120]) < 1e-5
-    state = _commit_chain(model, state, pend, 40, 7)
+    state = _commit_chain(com, state, pend, 40, 7)
     assert int(state.length[0]) == 87
-    logits, _, state, pend = model(tok[:, 87:160], state, trees.chain(1, 73))
+    logits, _, state, pend = fwd(tok[:, 87:160], state, trees.chain(1, 73))
     assert _rel(logits, ref[:, 87:160]) < 1e-5
 
 
@@ -96,7 +98,8 @@ def test_multimodal_checkpoint(tmp_path, sharded):
     ids = np.random.RandomState(1).randint(0, 512, (1, 33))
     with torch.no_grad():
         out = hf(input_ids=torch.tensor(ids), output_hidden_states=True)
-    logits, tap, _, _ = model(jnp.asarray(ids), init_state(model.cfg, 1, 40), trees.chain(1, 33), taps=(1,))
+    fwd, _ = jitted(model)
+    logits, tap, _, _ = fwd(jnp.asarray(ids), init_state(model.cfg, 1, 40), trees.chain(1, 33), taps=(1,))
     assert _rel(logits, out.logits.numpy()) < 1e-5
     assert _rel(tap[:, :, 0], out.hidden_states[2].numpy()) < 1e-5
 
@@ -105,48 +108,56 @@ def test_tree_nodes_equal_their_ancestor_chains(tiny_hf):
     """Every node of a random tree gets the logits and taps of its root-to-node path run as a chain."""
     path, _ = tiny_hf
     model = load_target(path, dtype="float32")
+    fwd, com = jitted(model)
     rng = np.random.RandomState(7)
-    prompt = jnp.asarray(rng.randint(0, 512, (1, 21)))
-    base = init_state(model.cfg, 1, 64)
-    _, _, base, pend = model(prompt, base, trees.chain(1, 21))
-    base = _commit_chain(model, base, pend, 21, 21)
     n = 12
+    base = init_state(model.cfg, n, 64)
+    prompt = jnp.asarray(np.broadcast_to(rng.randint(0, 512, (1, 21)), (n, 21)))
+    _, _, base, pend = fwd(prompt, base, trees.chain(n, 21))
+    base = _commit_chain(com, base, pend, 21, 21)
     parent = np.array([-1] + [rng.randint(0, i) for i in range(1, n)])
     tokens = rng.randint(0, 512, n)
-    tr = trees.from_parents(jnp.asarray(parent[None]))
-    logits, taps, _, _ = model(jnp.asarray(tokens[None]), base, tr, taps=(0, 3))
+    tr = trees.from_parents(jnp.asarray(np.broadcast_to(parent, (n, n))))
+    logits, taps, _, _ = fwd(jnp.asarray(np.broadcast_to(tokens, (n, n))), base, tr, taps=(0, 3))
+    # Row i of a batch runs node i's root-to-node path as a chain (zero-padded after its end).
+    chains = np.zeros((n, n), np.int64)
+    ends = np.zeros(n, np.int64)
     for i in range(n):
         chain = [i]
         while parent[chain[-1]] >= 0:
             chain.append(parent[chain[-1]])
         chain = chain[::-1]
-        ref, ref_taps, _, _ = model(jnp.asarray(tokens[chain][None]), base, trees.chain(1, len(chain)), taps=(0, 3))
+        chains[i, :len(chain)] = tokens[chain]
+        ends[i] = len(chain) - 1
         assert int(tr.depth[0, i]) == len(chain) - 1
-        np.testing.assert_allclose(logits[0, i], ref[0, -1], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(taps[0, i], ref_taps[0, -1], rtol=1e-5, atol=1e-5)
+    ref, ref_taps, _, _ = fwd(jnp.asarray(chains), base, trees.chain(n, n), taps=(0, 3))
+    for i in range(n):
+        np.testing.assert_allclose(logits[0, i], ref[i, ends[i]], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(taps[0, i], ref_taps[i, ends[i]], rtol=1e-5, atol=1e-5)
 
 
 def test_tree_commit_equals_chain_commit(tiny_hf):
     """Committing an accepted path of a tree leaves the same state as committing that path as a chain."""
     path, _ = tiny_hf
     model = load_target(path, dtype="float32")
+    fwd, com = jitted(model)
     rng = np.random.RandomState(11)
     prompt = jnp.asarray(rng.randint(0, 512, (1, 9)))
     base = init_state(model.cfg, 1, 48)
-    _, _, base, pend = model(prompt, base, trees.chain(1, 9))
-    base = _commit_chain(model, base, pend, 9, 9)
+    _, _, base, pend = fwd(prompt, base, trees.chain(1, 9))
+    base = _commit_chain(com, base, pend, 9, 9)
     parent = np.array([-1, 0, 0, 1, 2, 4, 4, 5])
     tokens = rng.randint(0, 512, len(parent))
     tr = trees.from_parents(jnp.asarray(parent[None]))
-    _, _, st, pend = model(jnp.asarray(tokens[None]), base, tr)
+    _, _, st, pend = fwd(jnp.asarray(tokens[None]), base, tr)
     accepted = [0, 2, 4, 6]
     pth = jnp.asarray([accepted + [0] * (len(parent) - 4)])
-    st = commit(model.cfg, st, pend, tr, pth, jnp.asarray([4]))
-    _, _, ref, pend = model(jnp.asarray(tokens[accepted][None]), base, trees.chain(1, 4))
-    ref = _commit_chain(model, ref, pend, 4, 4)
+    st = com(st, pend, tr, pth, jnp.asarray([4]))
+    _, _, ref, pend = fwd(jnp.asarray(tokens[accepted][None]), base, trees.chain(1, 4))
+    ref = _commit_chain(com, ref, pend, 4, 4)
     nxt = jnp.asarray([[5]])
-    a, *_ = model(nxt, st, trees.chain(1, 1))
-    b, *_ = model(nxt, ref, trees.chain(1, 1))
+    a, *_ = fwd(nxt, st, trees.chain(1, 1))
+    b, *_ = fwd(nxt, ref, trees.chain(1, 1))
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for x, y in zip(st.ssm + st.conv, ref.ssm + ref.conv):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
