@@ -1,0 +1,768 @@
+"""Jitted benchmark of the target model: device ceilings, prefill and the AR decode step.
+
+    python -m bench.harness --config real --contexts 1024,32768 --out run.json
+
+One run measures, on whatever device JAX sees:
+  * the ceilings: device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate;
+  * prefill of a P-token prompt (chain forward + commit), with the FLOP rate;
+  * the AR decode step (forward of one token on top of a context, commit, argmax) at each context,
+    against the HBM roofline (bytes that must be read / measured copy bandwidth);
+  * optionally a kernel profile of the step, charged to the model's parts (attention, GDN, MLP, ...),
+    and a breakdown that times each part alone on the same weights.
+
+Weights are random, generated on the device inside jit (no host copy of the 54 GB). To time decode at a
+context C the context is not prefilled: the state gets length C and a random KV cache, which is the same
+work. The result is one JSON file (`--out`); bench/results/ keeps the ones that matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import functools
+import glob
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec import model as M
+from jaxspec.config import FULL, LINEAR, TargetConfig, load_target_config, qwen36_27b
+from jaxspec.tree import chain
+
+REPO = Path(__file__).resolve().parent.parent
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+def tiny_config(dtype: str = "bfloat16") -> TargetConfig:
+    """The shape of tests/conftest.py's tiny HF model: every code path, seconds on a CPU."""
+    return TargetConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128,
+        layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(4)),
+        num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=8, rope_theta=1e7,
+        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16,
+        conv_kernel=4, dtype=dtype)
+
+
+def resolve_config(name: str, dtype: str) -> tuple[str, TargetConfig]:
+    if name == "real":
+        return "qwen36_27b", qwen36_27b(dtype)
+    if name == "tiny":
+        return "tiny", tiny_config(dtype)
+    return str(name), load_target_config(name, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def summarize(ms) -> dict:
+    a = np.asarray(ms, np.float64)
+    return dict(median_ms=float(np.median(a)), p10_ms=float(np.percentile(a, 10)),
+                p90_ms=float(np.percentile(a, 90)), min_ms=float(a.min()), mean_ms=float(a.mean()), n=len(a))
+
+
+def time_calls(fn, warmup: int, iters: int) -> dict:
+    """fn runs one iteration and blocks on its result (device-synchronised)."""
+    for _ in range(warmup):
+        fn()
+    ms = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return summarize(ms)
+
+
+# The model's parts, named in the HLO metadata while tracing so that profiled kernels can be charged
+# to them. The wrappers only add jax.named_scope; the computation is unchanged.
+PARTS = ("embed", "attn", "gdn", "mlp", "norm", "head", "commit")
+_SCOPED = ((M.Attention, "__call__", "attn"), (M.GatedDeltaNet, "__call__", "gdn"), (M.MLP, "__call__", "mlp"),
+           (M.RMSNorm, "__call__", "norm"), (M.Qwen35, "logits", "head"), (M.Qwen35, "embed", "embed"))
+
+
+@contextlib.contextmanager
+def named_parts():
+    saved = []
+    for cls, attr, name in _SCOPED:
+        fn = cls.__dict__[attr]
+        saved.append((cls, attr, fn))
+
+        @functools.wraps(fn)
+        def wrapped(*a, __fn=fn, __name=name, **kw):
+            with jax.named_scope(__name):
+                return __fn(*a, **kw)
+        setattr(cls, attr, wrapped)
+    try:
+        yield
+    finally:
+        for cls, attr, fn in saved:
+            setattr(cls, attr, fn)
+
+
+def compile_fn(fn, *args, donate=()):
+    """AOT-compile fn on args; returns (compiled, {trace_s, compile_s})."""
+    t = time.perf_counter()
+    with named_parts():
+        lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return compiled, dict(trace_s=t1 - t, compile_s=t2 - t1)
+
+
+# ---------------------------------------------------------------------------------------------- ceilings
+
+def measure_copy(gib: float, iters: int) -> dict:
+    """Device-to-device bandwidth over a buffer far larger than L2, counting bytes read + written."""
+    n = max(1, int(gib * 2**30) // 4)
+    x = jax.jit(lambda: jax.random.normal(jax.random.key(1), (n,), jnp.float32))()
+    out = dict(buffer_bytes=int(x.nbytes), bytes_per_op=2 * int(x.nbytes), variants={})
+    for name, f in (("add_one", jax.jit(lambda x: x + 1.0)), ("copy", jax.jit(jnp.copy))):
+        r = time_calls(lambda: f(x).block_until_ready(), 3, iters)
+        r["tb_s"] = 2 * x.nbytes / (r["median_ms"] * 1e-3) / 1e12
+        out["variants"][name] = r
+    del x
+    out["tb_s"] = max(r["tb_s"] for r in out["variants"].values())
+    return out
+
+
+def measure_matmul(n: int, iters: int) -> dict:
+    ka, kb = jax.random.split(jax.random.key(2))
+    a = jax.jit(lambda: jax.random.normal(ka, (n, n), jnp.float32).astype(jnp.bfloat16))()
+    b = jax.jit(lambda: jax.random.normal(kb, (n, n), jnp.float32).astype(jnp.bfloat16))()
+    mm = jax.jit(lambda a, b: a @ b)
+    r = time_calls(lambda: mm(a, b).block_until_ready(), 3, iters)
+    r.update(n=n, dtype="bfloat16", tflop_s=2 * n**3 / (r["median_ms"] * 1e-3) / 1e12)
+    return r
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+def build_params(cfg: TargetConfig, seed: int = 0, how: str = "model"):
+    """Random weights made on the device inside jit; the graphdef comes from an abstract model.
+
+    how='model': the model's own initialisers in one jit. how='leafwise' (also the fallback when that
+    fails, e.g. out of memory for the RNG temporaries): N(0, 0.02) per leaf, one small jit per shape.
+    """
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(seed))))
+    t = time.perf_counter()
+    if how == "model":
+        try:
+            params = jax.jit(lambda: nnx.split(M.Qwen35(cfg, rngs=nnx.Rngs(seed)))[1])()
+            jax.block_until_ready(params)
+            return graphdef, params, dict(init="model", init_s=time.perf_counter() - t)
+        except Exception as e:  # noqa: BLE001 - any failure here leaves the leafwise way
+            log(f"model init failed ({type(e).__name__}: {str(e)[:200]}); falling back to leafwise")
+    leaves, treedef = jax.tree.flatten(abstract)
+    key = jax.random.key(seed)
+    params = jax.tree.unflatten(treedef, [_normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype))
+                                          for i, x in enumerate(leaves)])
+    jax.block_until_ready(params)
+    return graphdef, params, dict(init="leafwise", init_s=time.perf_counter() - t)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _normal(key, shape, dtype):
+    return (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
+
+
+def param_bytes(cfg: TargetConfig, params) -> dict:
+    """Bytes and counts of the weights, by part."""
+    by = dict(embed=0, lm_head=0, attn=0, gdn=0, mlp=0, norm=0)
+    count = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        name = jax.tree_util.keystr(path)
+        part = ("embed" if "embed_tokens" in name else "lm_head" if "lm_head" in name else
+                "attn" if "self_attn" in name else "gdn" if "linear_attn" in name else
+                "mlp" if "'mlp'" in name or ".mlp" in name else "norm")
+        by[part] += int(leaf.size) * jnp.dtype(leaf.dtype).itemsize
+        count += int(leaf.size)
+    total = sum(by.values())
+    # A decode step gathers B rows of the embedding table; it reads all of it only when tied (lm_head).
+    read = total - (0 if cfg.tie_word_embeddings else by["embed"])
+    return dict(total=total, by_part=by, decode_weight_bytes=read, param_count=count,
+                embed_count=int(cfg.vocab_size * cfg.hidden_size))
+
+
+def state_bytes(cfg: TargetConfig, batch: int, context: int) -> dict:
+    """Bytes of state a decode step must move: KV read at the context; GDN state read + written."""
+    item = jnp.dtype(cfg.jnp_dtype).itemsize
+    nf, nl = len(cfg.full_layers), len(cfg.linear_layers)
+    kv = nf * 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * item
+    ssm = nl * batch * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    conv = nl * batch * (cfg.conv_kernel - 1) * cfg.conv_dim * item
+    return dict(kv_read=kv, gdn_state_read_write=2 * (ssm + conv))
+
+
+def random_state(cfg: TargetConfig, batch: int, max_len: int, length: int, seed: int = 3) -> M.State:
+    """A state as if `length` tokens had been committed: random KV cache, GDN conv history and state."""
+    s = M.init_state(cfg, batch, max_len)
+    key = jax.random.key(seed)
+    counter = iter(range(1 << 30))
+
+    def rnd(x, scale=1.0):
+        return (jax.random.normal(jax.random.fold_in(key, next(counter)), x.shape, jnp.float32) * scale).astype(x.dtype)
+    return M.State(length=jnp.full((batch,), length, jnp.int32), keys=tuple(map(rnd, s.keys)),
+                   values=tuple(map(rnd, s.values)), conv=tuple(map(rnd, s.conv)),
+                   ssm=tuple(rnd(x, 0.05) for x in s.ssm))
+
+
+def make_decode_step(graphdef, cfg: TargetConfig, batch: int):
+    def decode_step(params, state, token):
+        model = nnx.merge(graphdef, params)
+        tr = chain(batch, 1)
+        logits, _, state, pending = model(token, state, tr)
+        with jax.named_scope("commit"):
+            state = M.commit(cfg, state, pending, tr, jnp.zeros((batch, 1), jnp.int32), jnp.ones((batch,), jnp.int32))
+        return state, jnp.argmax(logits[:, 0], -1).astype(jnp.int32)[:, None]
+    return decode_step
+
+
+def make_prefill(graphdef, cfg: TargetConfig):
+    def prefill(params, state, tokens):
+        model = nnx.merge(graphdef, params)
+        b, p = tokens.shape
+        tr = chain(b, p)
+        logits, _, state, pending = model(tokens, state, tr, logit_index=jnp.full((b,), p - 1, jnp.int32))
+        with jax.named_scope("commit"):
+            path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+            state = M.commit(cfg, state, pending, tr, path, jnp.full((b,), p, jnp.int32))
+        return state, jnp.argmax(logits, -1).astype(jnp.int32)[:, None]
+    return prefill
+
+
+def random_tokens(cfg: TargetConfig, batch: int, n: int, seed: int):
+    return jax.jit(lambda: jax.random.randint(jax.random.key(seed), (batch, n), 0, cfg.vocab_size, jnp.int32))()
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+_DEF = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$')
+_HEADER = re.compile(r'^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$')
+
+
+def hlo_op_names(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> op_name metadata. XLA drops it on some instructions it makes (copies,
+    converts, rewritten dots): those take the most common part of the computation they call, else of
+    their operands, and say so."""
+    own, calls, operands, body = {}, {}, {}, {}
+    comp = None
+    for line in hlo_text.splitlines():
+        h = _HEADER.match(line)
+        if h:
+            comp = h.group(1)
+            continue
+        d = _DEF.match(line)
+        if not d:
+            continue
+        name, rhs = d.groups()
+        m = re.search(r'op_name="([^"]*)"', rhs)
+        if m:
+            own[name] = m.group(1)
+            body.setdefault(comp, []).append(m.group(1))
+        c = re.search(r'calls=%([\w.\-]+)', rhs)
+        if c:
+            calls[name] = c.group(1)
+        operands[name] = re.findall(r'%([\w.\-]+)', rhs.split("metadata=")[0].split("calls=")[0])
+
+    memo: dict[str, str | None] = {}
+
+    def majority(names):
+        parts = [part_of(x) for x in names if x]
+        parts = [p for p in parts if p in PARTS or p in ("state", "weights")]
+        return max(set(parts), key=parts.count) if parts else None
+
+    def resolve(name, depth=0):
+        if name in own:
+            return own[name]
+        if name in memo or depth > 6:
+            return memo.get(name)
+        memo[name] = None
+        p = majority(body.get(calls.get(name), []))
+        if p:
+            memo[name] = f"{p} (inside fusion)"
+        else:
+            p = majority(resolve(o, depth + 1) for o in operands.get(name, []))
+            memo[name] = f"{p} (from operands {' '.join(operands[name][:3])})" if p else None
+        return memo[name]
+
+    return {name: v for name in operands if (v := resolve(name)) is not None}
+
+
+_WEIGHT_PARTS = (("self_attn", "attn"), ("linear_attn", "gdn"), ("lm_head", "head"), ("embed_tokens", "embed"),
+                 ("mlp", "mlp"), ("norm", "norm"))
+
+
+def part_of(op_name: str | None) -> str:
+    """The model part an op belongs to: the outermost named scope; for an argument, its owner."""
+    if not op_name:
+        return "unmapped"
+    if " (" in op_name:                            # resolved by hlo_op_names
+        return op_name.split()[0]
+    if op_name.startswith("params"):
+        return next((p for k, p in _WEIGHT_PARTS if k in op_name), "weights")
+    if op_name.startswith("state"):
+        return "state"
+    for c in op_name.split("/"):
+        if c in PARTS:
+            return c
+    return "other"
+
+
+def profile_events(xplane: str, module: str) -> tuple[list[tuple[str, float, float]], dict]:
+    """(hlo_op, start_ns, duration_ns) of the kernels of `module`, from device planes when there are
+    any (their 'Stream' lines: one event per kernel), else from the host CPU plane's XLA thunks."""
+    from jax.profiler import ProfileData
+    planes = list(ProfileData.from_file(xplane).planes)
+    dev = [p for p in planes if p.name.startswith("/device:")]
+    info: dict = dict(lines={}, samples=[])
+
+    def hlo_op(ev, stats):
+        op = stats.get("hlo_op")
+        if op is None:  # some tracers keep the annotation '...#hlo_op=X,hlo_module=Y#' as one string
+            for v in stats.values():
+                m = re.search(r"hlo_op=([\w.\-]+)", str(v))
+                if m:
+                    return m.group(1), str(v)
+        return op, str(stats.get("hlo_module", ""))
+
+    def collect(plane_list, line_ok, need_module=True):
+        out = []
+        for pl in plane_list:
+            for ln in pl.lines:
+                evs = list(ln.events)
+                info["lines"][f"{pl.name}|{ln.name}"] = len(evs)
+                if not line_ok(ln.name):
+                    continue
+                for ev in evs:
+                    st = {k: v for k, v in ev.stats}
+                    if len(info["samples"]) < 8 and pl.name.startswith("/device:"):
+                        info["samples"].append(dict(line=ln.name, name=ev.name, stats={k: str(v)[:120] for k, v in st.items()}))
+                    op, mod = hlo_op(ev, st)
+                    if op is None and not need_module:
+                        op, mod = ev.name, module
+                    if op is not None and module in mod:
+                        out.append((str(op), float(ev.start_ns), float(ev.duration_ns)))
+        return out
+
+    if dev:
+        ev = collect(dev, lambda n: n.startswith("Stream"))
+        if not ev:
+            ev = collect(dev, lambda n: n not in ("XLA Modules", "XLA TraceMe", "XLA Ops"))
+        if not ev:  # kernels without annotations: their names, charged through the HLO names below
+            ev = collect(dev, lambda n: n.startswith("Stream"), need_module=False)
+            info["annotations"] = "missing: kernel names used"
+    else:
+        ev = collect([p for p in planes if p.name == "/host:CPU"], lambda n: n != "python")
+    return ev, info
+
+
+def kernel_summary(events, op_names: dict[str, str], steps: int, top: int = 30) -> dict:
+    per_op: dict[str, list] = {}
+    for op, _, dur in events:
+        per_op.setdefault(op, [0.0, 0])
+        per_op[op][0] += dur
+        per_op[op][1] += 1
+    by_part: dict[str, dict] = {}
+    for op, (dur, cnt) in per_op.items():
+        p = by_part.setdefault(part_of(op_names.get(op)), dict(ms_per_step=0.0, kernels_per_step=0.0))
+        p["ms_per_step"] += dur / 1e6 / steps
+        p["kernels_per_step"] += cnt / steps
+    busy = sum(d for _, _, d in events) / 1e6 / steps
+    span = (max(s + d for _, s, d in events) - min(s for _, s, _ in events)) / 1e6 / steps if events else 0.0
+    tops = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:top]
+    return dict(
+        steps=steps, kernel_ms_per_step=busy, span_ms_per_step=span,
+        kernels_per_step=len(events) / steps if steps else 0,
+        by_part=dict(sorted(by_part.items(), key=lambda kv: -kv[1]["ms_per_step"])),
+        top_ops=[dict(hlo_op=op, part=part_of(op_names.get(op)), op_name=op_names.get(op),
+                      ms_per_step=d / 1e6 / steps, count_per_step=c / steps) for op, (d, c) in tops])
+
+
+def profile_steps(run_step, steps: int, module: str, hlo_text: str, dump: Path | None, tag: str) -> dict:
+    tmp = tempfile.mkdtemp(prefix="bench_trace_")
+    try:
+        opts = jax.profiler.ProfileOptions()
+        opts.python_tracer_level = 0   # keep the trace small: kernels and XLA annotations only
+        opts.enable_hlo_proto = False
+        with jax.profiler.trace(tmp, profiler_options=opts):
+            for _ in range(steps):
+                run_step()
+        files = sorted(glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True))
+        if not files:
+            return dict(error="no xplane.pb written")
+        if dump is not None:
+            shutil.copy(files[-1], dump / f"trace_{tag}.xplane.pb")
+        events, info = profile_events(files[-1], module)
+        names = hlo_op_names(hlo_text)
+        # Kernel names are HLO names with '.' and '-' made '_' (and sometimes a suffix).
+        names.update({re.sub(r"[.\-]", "_", k): v for k, v in list(names.items())})
+        out = kernel_summary(events, names, steps)
+        out.update(info)
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------- breakdown
+
+def make_parts(graphdef, cfg: TargetConfig, batch: int):
+    """Each part of a decode step alone, over all the layers that have it, on the same weights."""
+    zeros, ones = jnp.zeros((batch, 1), jnp.int32), jnp.ones((batch,), jnp.int32)
+
+    def mlp_stack(params, x):
+        m = nnx.merge(graphdef, params)
+        for layer in m.layers:
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+    def attn_stack(params, keys, values, length, x):
+        m = nnx.merge(graphdef, params)
+        tr = chain(batch, 1)
+        keys, values, fi = list(keys), list(values), 0
+        for layer in m.layers:
+            if layer.is_full:
+                h, keys[fi], values[fi] = layer.self_attn(layer.input_layernorm(x), keys[fi], values[fi], length,
+                                                          length[:, None] + tr.depth, tr)
+                x, fi = x + h, fi + 1
+        return x, tuple(keys), tuple(values)
+
+    def gdn_stack(params, conv, ssm, length, x):
+        m = nnx.merge(graphdef, params)
+        tr = chain(batch, 1)
+        pend, li = [], 0
+        for layer in m.layers:
+            if not layer.is_full:
+                h, p = layer.linear_attn(layer.input_layernorm(x), conv[li], ssm[li], tr)
+                x, li = x + h, li + 1
+                pend.append(p)
+        with jax.named_scope("commit"):
+            st = M.commit(cfg, M.State(length, (), (), conv, ssm), M.Pending(tuple(pend)), tr, zeros, ones)
+        return x, st.conv, st.ssm
+
+    def head(params, x, token):
+        m = nnx.merge(graphdef, params)
+        return jnp.argmax(m.logits(x[:, 0]), -1).astype(jnp.int32), m.embed(token)
+
+    return mlp_stack, attn_stack, gdn_stack, head
+
+
+def run_breakdown(graphdef, cfg, params, pbytes, batch, context, max_len, warmup, iters) -> dict:
+    mlp_stack, attn_stack, gdn_stack, head = make_parts(graphdef, cfg, batch)
+    st = jax.jit(functools.partial(random_state, cfg, batch, max_len, context))()
+    x = jax.jit(lambda: jax.random.normal(jax.random.key(5), (batch, 1, cfg.hidden_size)).astype(cfg.jnp_dtype))()
+    tok = random_tokens(cfg, batch, 1, 6)
+    sb = state_bytes(cfg, batch, context)
+    by = pbytes["by_part"]
+    out = {}
+
+    def record(name, ct, run, nbytes):
+        r = time_calls(run, warmup, iters)
+        r.update(ct, bytes=nbytes, tb_s=nbytes / (r["median_ms"] * 1e-3) / 1e12)
+        out[name] = r
+        log(f"  breakdown {name:5s} {r['median_ms']:8.3f} ms  {r['tb_s']:.2f} TB/s  ({nbytes / 1e9:.3f} GB)")
+
+    # Per-part norms: input norms go with the mixers, post-attention norms with the MLP; their bytes are tiny.
+    c, ct = compile_fn(mlp_stack, params, x)
+    record("mlp", ct, lambda: c(params, x).block_until_ready(), by["mlp"])
+
+    kv = [st.keys, st.values]
+
+    def run_attn():
+        y, kv[0], kv[1] = ca(params, kv[0], kv[1], st.length, x)
+        y.block_until_ready()
+    ca, ct = compile_fn(attn_stack, params, st.keys, st.values, st.length, x, donate=(1, 2))
+    record("attn", ct, run_attn, by["attn"] + sb["kv_read"])
+
+    gs = [st.conv, st.ssm]
+
+    def run_gdn():
+        y, gs[0], gs[1] = cg(params, gs[0], gs[1], st.length, x)
+        y.block_until_ready()
+    cg, ct = compile_fn(gdn_stack, params, st.conv, st.ssm, st.length, x, donate=(1, 2))
+    record("gdn", ct, run_gdn, by["gdn"] + sb["gdn_state_read_write"])
+
+    ch, ct = compile_fn(head, params, x, tok)
+    record("head", ct, lambda: jax.block_until_ready(ch(params, x, tok)), by["lm_head"])
+    out["sum_ms"] = sum(out[k]["median_ms"] for k in ("mlp", "attn", "gdn", "head"))
+    out["context"] = context
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, context, dump) -> dict:
+    b = args.batch
+    total_steps = args.warmup + args.iters + args.pipelined + args.profile_steps
+    slack = -(-(total_steps + 16) // 128) * 128
+    max_len = context + slack
+    state = jax.jit(functools.partial(random_state, cfg, b, max_len, context))()
+    tok = random_tokens(cfg, b, 1, 4)
+    step = make_decode_step(graphdef, cfg, b)
+    compiled, ct = compile_fn(step, params, state, tok, donate=(1,))
+    log(f"decode ctx={context}: compiled (trace {ct['trace_s']:.1f}s, compile {ct['compile_s']:.1f}s)")
+    hold = [state, tok]
+    del state
+
+    def one():
+        hold[0], hold[1] = compiled(params, hold[0], hold[1])
+
+    def synced():
+        one()
+        hold[1].block_until_ready()
+
+    r = dict(context=context, max_len=max_len, batch=b, **ct)
+    r["step"] = time_calls(synced, args.warmup, args.iters)
+    t = time.perf_counter()
+    for _ in range(args.pipelined):
+        one()
+    hold[1].block_until_ready()
+    r["pipelined_ms"] = (time.perf_counter() - t) * 1e3 / max(args.pipelined, 1)
+
+    sb = state_bytes(cfg, b, context)
+    nbytes = pbytes["decode_weight_bytes"] + sb["kv_read"] + sb["gdn_state_read_write"]
+    ms = r["step"]["median_ms"]
+    best = min(ms, r["pipelined_ms"])
+    roof = nbytes / (copy_tb_s * 1e12) * 1e3
+    r["bytes"] = dict(weights=pbytes["decode_weight_bytes"], **sb, total=nbytes)
+    r["roofline_ms"] = roof
+    r["ratio_to_roofline"] = ms / roof                # measured step / roofline: 1.0 is the floor
+    r["ratio_to_roofline_pipelined"] = r["pipelined_ms"] / roof
+    r["achieved_tb_s"] = nbytes / (best * 1e-3) / 1e12
+    r["tokens_per_s"] = b * 1e3 / best
+    log(f"decode ctx={context}: step median {ms:.3f} ms (p10 {r['step']['p10_ms']:.3f}, p90 {r['step']['p90_ms']:.3f}),"
+        f" pipelined {r['pipelined_ms']:.3f} ms; roofline {roof:.3f} ms -> x{ms / roof:.3f}")
+
+    if args.profile_steps and not past_deadline(args):
+        try:
+            hlo = compiled.as_text()
+            if dump is not None and context == args.contexts[0]:
+                with gzip.open(dump / f"hlo_decode_{context}.txt.gz", "wt") as f:
+                    f.write(hlo)
+            mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
+            r["profile"] = profile_steps(one, args.profile_steps, mod.group(1) if mod else "decode_step", hlo,
+                                         dump, f"decode_{context}")
+            hold[1].block_until_ready()
+            if "by_part" in r["profile"]:
+                parts = ", ".join(f"{k} {v['ms_per_step']:.3f}" for k, v in r["profile"]["by_part"].items())
+                log(f"decode ctx={context}: profile kernel {r['profile']['kernel_ms_per_step']:.3f} ms/step"
+                    f" ({r['profile']['kernels_per_step']:.0f} kernels): {parts}")
+        except Exception as e:  # the profile is a diagnosis; the timings above stand without it
+            r["profile"] = dict(error=f"{type(e).__name__}: {e}")
+            log(f"profile failed: {r['profile']['error']}")
+
+    steps_done = args.warmup + args.iters + args.pipelined + (args.profile_steps if "profile" in r else 0)
+    length = int(hold[0].length[0])
+    r["state_length_ok"] = length == context + steps_done
+    del hold
+    return r
+
+
+def run_prefill(graphdef, cfg, params, pbytes, args) -> dict:
+    b, p = args.batch, args.prompt
+    max_len = p + 128
+    fresh = jax.jit(lambda: M.init_state(cfg, b, max_len))
+    tokens = random_tokens(cfg, b, p, 7)
+    compiled, ct = compile_fn(make_prefill(graphdef, cfg), params, fresh(), tokens, donate=(1,))
+    log(f"prefill P={p}: compiled (trace {ct['trace_s']:.1f}s, compile {ct['compile_s']:.1f}s)")
+    ms = []
+    for i in range(args.prefill_warmup + args.prefill_iters):
+        s = jax.block_until_ready(fresh())
+        t = time.perf_counter()
+        s, nxt = compiled(params, s, tokens)
+        nxt.block_until_ready()
+        if i >= args.prefill_warmup:
+            ms.append((time.perf_counter() - t) * 1e3)
+        ok = int(s.length[0]) == p
+        del s
+    r = dict(prompt=p, batch=b, max_len=max_len, **ct, time=summarize(ms), state_length_ok=ok)
+    med = r["time"]["median_ms"] * 1e-3
+    body = pbytes["param_count"] - pbytes["embed_count"] - (0 if cfg.tie_word_embeddings else
+                                                            cfg.vocab_size * cfg.hidden_size)
+    head = cfg.vocab_size * cfg.hidden_size
+    r["tokens_per_s"] = b * p / med
+    # 2 x params x tokens (non-embedding params), as usually quoted; and the matmuls actually done
+    # (lm_head on the last token only; attention scores not counted).
+    r["flops_2NP"] = 2 * (pbytes["param_count"] - pbytes["embed_count"] * (0 if cfg.tie_word_embeddings else 1)) * b * p
+    r["flops_matmul"] = 2 * body * b * p + 2 * head * b
+    r["tflop_s_2NP"] = r["flops_2NP"] / med / 1e12
+    r["tflop_s_matmul"] = r["flops_matmul"] / med / 1e12
+    log(f"prefill P={p}: {r['time']['median_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s, "
+        f"{r['tflop_s_2NP']:.1f} TFLOP/s (2NP)")
+    return r
+
+
+def git_info() -> dict:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True)
+        return dict(commit=head.stdout.strip(), dirty=bool(dirty.stdout.strip()), source="git")
+    except (OSError, subprocess.CalledProcessError):
+        # The device machine gets the working tree without .git: the caller passes the commit along.
+        return dict(commit=os.environ.get("JAXSPEC_COMMIT", "unknown"),
+                    dirty=os.environ.get("JAXSPEC_DIRTY", "unknown") not in ("0", "false", "False"),
+                    source="env")
+
+
+_SOURCES = ("jaxspec/model.py", "jaxspec/tree.py", "jaxspec/config.py",
+            "pallas_kernels/tree_delta_rule/reference.py", "bench/harness.py")
+
+
+def source_hashes() -> dict:
+    """sha256 (12 hex) of the files the timed code runs: other sessions edit the tree, so a dirty flag
+    alone does not say what ran."""
+    import hashlib
+    return {f: hashlib.sha256((REPO / f).read_bytes()).hexdigest()[:12] for f in _SOURCES if (REPO / f).exists()}
+
+
+def machine_info() -> dict:
+    d = jax.devices()[0]
+    return dict(device_kind=d.device_kind, platform=d.platform, device_count=jax.device_count(),
+                host=socket.gethostname(), python=platform.python_version(),
+                xla_flags=os.environ.get("XLA_FLAGS", ""),
+                mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ""))
+
+
+def versions() -> dict:
+    import flax
+    import jaxlib
+    return dict(jax=jax.__version__, jaxlib=jaxlib.__version__, flax=flax.__version__, numpy=np.__version__)
+
+
+def past_deadline(args) -> bool:
+    return bool(args.deadline_s) and time.perf_counter() - _T0 > args.deadline_s
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B), 'tiny', or a path to an HF config.json")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--init", default="model", choices=("model", "leafwise"), help="how to make the random weights")
+    ap.add_argument("--contexts", default="1024,32768", help="comma-separated decode context lengths")
+    ap.add_argument("--prompt", type=int, default=1024, help="prefill prompt length (0: no prefill)")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=100, help="timed decode steps, synchronised each")
+    ap.add_argument("--pipelined", type=int, default=50, help="decode steps back to back, synchronised at the end")
+    ap.add_argument("--prefill-warmup", type=int, default=1)
+    ap.add_argument("--prefill-iters", type=int, default=5)
+    ap.add_argument("--copy-gib", type=float, default=4.0, help="copy-bandwidth buffer size")
+    ap.add_argument("--matmul-n", type=int, default=8192)
+    ap.add_argument("--ceiling-iters", type=int, default=20)
+    ap.add_argument("--profile-steps", type=int, default=0, help="decode steps to trace per context (0: none)")
+    ap.add_argument("--breakdown", action="store_true", help="time attention / GDN / MLP / head alone "
+                    "(at the largest context)")
+    ap.add_argument("--deadline-s", type=float, default=0, help="skip optional phases (profile, prefill, "
+                    "breakdown) once this many seconds have passed (0: never)")
+    ap.add_argument("--dump-dir", default=None, help="write the decode HLO and profile traces here")
+    ap.add_argument("--out", required=True, help="JSON result path (rewritten after each phase)")
+    args = ap.parse_args(argv)
+    args.contexts = [int(c) for c in str(args.contexts).split(",") if c]
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    name, cfg = resolve_config(args.config, args.dtype)
+    dump = Path(args.dump_dir) if args.dump_dir else None
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    res = dict(
+        harness="bench.harness", config_name=name, config=dataclasses.asdict(cfg),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **git_info(), sources=source_hashes(), machine=machine_info(), versions=versions(),
+        settings={k: v for k, v in vars(args).items() if k not in ("out", "dump_dir")},
+        command=" ".join(sys.argv) if argv is None else "main(" + " ".join(argv) + ")",
+        skipped=[])
+
+    def save():
+        d = jax.devices()[0]
+        try:
+            ms = d.memory_stats() or {}
+            res["memory"] = {k: int(v) for k, v in ms.items() if k in ("peak_bytes_in_use", "bytes_limit")}
+        except Exception:  # not every backend reports memory
+            pass
+        res["wall_s"] = time.perf_counter() - _T0
+        out_path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+    log(f"{name} on {res['machine']['device_kind']} ({res['machine']['platform']}), jax {jax.__version__}")
+    res["copy_bandwidth"] = measure_copy(args.copy_gib, args.ceiling_iters)
+    copy_tb_s = res["copy_bandwidth"]["tb_s"]
+    log(f"copy bandwidth {copy_tb_s:.3f} TB/s (read + write of {res['copy_bandwidth']['buffer_bytes'] / 2**30:.2f} GiB)")
+    res["matmul"] = measure_matmul(args.matmul_n, args.ceiling_iters)
+    log(f"bf16 matmul {args.matmul_n}^3: {res['matmul']['tflop_s']:.1f} TFLOP/s")
+    save()
+
+    graphdef, params, init = build_params(cfg, how=args.init)
+    pbytes = param_bytes(cfg, params)
+    res.update(init)
+    res["params"] = pbytes
+    log(f"params: {pbytes['param_count'] / 1e9:.3f} B, {pbytes['total'] / 1e9:.3f} GB "
+        f"({pbytes['decode_weight_bytes'] / 1e9:.3f} GB read per decode step), {init['init']} init {init['init_s']:.1f}s")
+    save()
+
+    res["decode"] = []
+    for ctx in args.contexts:
+        res["decode"].append(run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, ctx, dump))
+        save()
+
+    if args.prompt:
+        if past_deadline(args):
+            res["skipped"].append("prefill")
+        else:
+            res["prefill"] = run_prefill(graphdef, cfg, params, pbytes, args)
+            save()
+
+    if args.breakdown:
+        if past_deadline(args):
+            res["skipped"].append("breakdown")
+        else:
+            ctx = max(args.contexts)
+            slack = 128
+            res["breakdown"] = run_breakdown(graphdef, cfg, params, pbytes, args.batch, ctx, ctx + slack,
+                                             min(args.warmup, 5), max(args.iters // 2, 1))
+            save()
+
+    save()
+    log("summary:")
+    log(f"  copy {copy_tb_s:.3f} TB/s, matmul {res['matmul']['tflop_s']:.1f} TFLOP/s")
+    for d in res["decode"]:
+        log(f"  decode ctx={d['context']:6d}: {d['step']['median_ms']:8.3f} ms (pipelined {d['pipelined_ms']:.3f})"
+            f"  roofline {d['roofline_ms']:.3f} ms  x{d['ratio_to_roofline']:.3f}  {d['achieved_tb_s']:.2f} TB/s"
+            f"  {d['tokens_per_s']:.1f} tok/s")
+    if "prefill" in res:
+        p = res["prefill"]
+        log(f"  prefill P={p['prompt']}: {p['time']['median_ms']:.2f} ms, {p['tokens_per_s']:.0f} tok/s,"
+            f" {p['tflop_s_2NP']:.1f} TFLOP/s")
+    if res["skipped"]:
+        log(f"  skipped (deadline): {res['skipped']}")
+    log(f"wrote {out_path}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

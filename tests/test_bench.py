@@ -1,0 +1,88 @@
+"""The benchmark harness end to end on the tiny config (CPU, a few iterations): every field is there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import harness
+
+
+def _positive(d: dict, *keys):
+    for k in keys:
+        assert k in d, f"missing {k!r} in {sorted(d)}"
+        assert d[k] > 0, f"{k} = {d[k]}"
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "tiny.json"
+    harness.main(["--config", "tiny", "--contexts", "16,48", "--prompt", "40", "--warmup", "1", "--iters", "3",
+                  "--pipelined", "2", "--prefill-iters", "2", "--copy-gib", "0.004", "--matmul-n", "64",
+                  "--ceiling-iters", "2", "--profile-steps", "1", "--breakdown", "--out", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_metadata(result):
+    assert result["config_name"] == "tiny"
+    assert result["config"]["hidden_size"] == 64 and result["config"]["dtype"] == "bfloat16"
+    assert len(result["commit"]) >= 7 and isinstance(result["dirty"], bool)
+    assert result["machine"]["device_kind"] and result["machine"]["host"]
+    for k in ("jax", "jaxlib", "flax"):
+        assert result["versions"][k]
+    assert result["date"].startswith("20")
+    assert result["skipped"] == []
+
+
+def test_ceilings_and_params(result):
+    _positive(result["copy_bandwidth"], "tb_s", "bytes_per_op")
+    _positive(result["matmul"], "tflop_s", "median_ms")
+    p = result["params"]
+    _positive(p, "total", "decode_weight_bytes", "param_count")
+    # Untied: a decode step reads every weight except the embedding table, which it only gathers from.
+    assert p["decode_weight_bytes"] == p["total"] - p["by_part"]["embed"]
+
+
+def test_decode(result):
+    assert [d["context"] for d in result["decode"]] == [16, 48]
+    for d in result["decode"]:
+        assert d["max_len"] > d["context"]
+        _positive(d["step"], "median_ms", "p10_ms", "p90_ms")
+        assert d["step"]["p10_ms"] <= d["step"]["median_ms"] <= d["step"]["p90_ms"]
+        _positive(d, "pipelined_ms", "roofline_ms", "ratio_to_roofline", "achieved_tb_s", "tokens_per_s", "compile_s")
+        _positive(d["bytes"], "weights", "kv_read", "gdn_state_read_write", "total")
+        assert d["bytes"]["total"] == d["bytes"]["weights"] + d["bytes"]["kv_read"] + d["bytes"]["gdn_state_read_write"]
+        assert d["state_length_ok"]
+        prof = d["profile"]
+        assert "error" not in prof, prof
+        _positive(prof, "kernel_ms_per_step", "kernels_per_step")
+        assert prof["top_ops"] and {"attn", "gdn", "mlp"} <= set(prof["by_part"])
+    kv = [d["bytes"]["kv_read"] for d in result["decode"]]
+    assert kv[1] == 3 * kv[0]
+
+
+def test_prefill_and_breakdown(result):
+    p = result["prefill"]
+    assert p["prompt"] == 40 and p["state_length_ok"]
+    _positive(p["time"], "median_ms")
+    _positive(p, "tokens_per_s", "flops_2NP", "flops_matmul", "tflop_s_2NP")
+    b = result["breakdown"]
+    for k in ("mlp", "attn", "gdn", "head"):
+        _positive(b[k], "median_ms", "bytes", "tb_s")
+    _positive(b, "sum_ms")
+
+
+def test_part_of():
+    assert harness.part_of("jit(decode_step)/gdn/norm/mul") == "gdn"
+    assert harness.part_of("jit(decode_step)/commit/add") == "commit"
+    assert harness.part_of("params['layers'][3]['mlp']['up_proj']['kernel'].value") == "mlp"
+    assert harness.part_of("mlp (from operands a b)") == "mlp"
+    assert harness.part_of(None) == "unmapped"
+
+
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        harness.parse_args(["--help"])
+    assert e.value.code == 0
+    assert "--contexts" in capsys.readouterr().out
