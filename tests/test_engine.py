@@ -1,0 +1,108 @@
+"""Plain AR through the engine: token-identical to transformers' greedy generate; batching, sampling,
+stop tokens and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from convert.hf import load_target
+from jaxspec.engine import Engine, accept
+from jaxspec import tree as trees
+from jaxspec.sampling import Sampling, choose, log_probs
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_hf):
+    path, hf = tiny_hf
+    return hf, load_target(path, dtype="float32")
+
+
+def _prompts():
+    rs = np.random.RandomState(0)
+    return [rs.randint(0, 512, size=n).tolist() for n in (5, 37, 80)]
+
+
+def _hf_greedy(hf, prompt, n):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_matches_transformers_and_batch_matches_single(tiny):
+    hf, model = tiny
+    engine = Engine(model, prefill_chunk=32)  # several prefill pieces, sequences ending in different ones
+    prompts = _prompts()
+    batch = engine.generate(prompts, 24, rounds_per_call=5)
+    for p, got in zip(prompts, batch.tokens):
+        assert got == _hf_greedy(hf, p, 24)
+        assert engine.generate([p], 24).tokens[0] == got
+    assert batch.hist.tolist() == [0, int(batch.rounds.sum())]   # AR emits exactly one token per round
+    assert batch.tau == 1.0
+
+
+def test_stop_tokens_and_max_new_tokens(tiny):
+    _, model = tiny
+    prompts = _prompts()
+    free = Engine(model).generate(prompts, 16).tokens
+    assert all(len(t) == 16 for t in free)
+    stop = free[1][6]
+    stopped = Engine(model, stop_tokens=[stop]).generate(prompts, 16).tokens
+    for f, s in zip(free, stopped):
+        cut = f.index(stop) + 1 if stop in f else len(f)
+        assert s == f[:cut]   # truncated right after the first stop token, which is kept
+    assert Engine(model).generate(prompts[:1], 1).tokens[0] == free[0][:1]
+
+
+def test_sampling_is_seeded_and_valid(tiny):
+    _, model = tiny
+    engine = Engine(model, sampling=Sampling(temperature=1.0, top_k=20, top_p=0.9))
+    a = engine.generate(_prompts(), 12, seed=1).tokens
+    assert a == engine.generate(_prompts(), 12, seed=1).tokens
+    assert a != engine.generate(_prompts(), 12, seed=2).tokens
+
+
+def test_log_probs_cuts():
+    logits = jnp.log(jnp.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    kept = lambda s: np.isfinite(np.asarray(log_probs(logits, s)))[0].tolist()
+    assert kept(Sampling(1.0, top_k=2)) == [True, True, False, False, False]
+    assert kept(Sampling(1.0, top_p=0.6)) == [True, True, False, False, False]
+    assert kept(Sampling(1.0, top_p=0.5)) == [True, False, False, False, False]
+    assert kept(Sampling(1.0, top_p=0.86)) == [True, True, True, True, False]
+    np.testing.assert_allclose(np.exp(log_probs(logits, Sampling(1.0, top_k=2))[0, :2]), [5 / 7, 2 / 7], rtol=1e-6)
+    # Empirical frequencies of the sampler follow the truncated distribution.
+    draws = choose(jax.random.key(0), jnp.broadcast_to(logits, (20000, 5)), Sampling(1.0, top_k=3))
+    freq = np.bincount(np.asarray(draws), minlength=5) / 20000
+    np.testing.assert_allclose(freq, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0], atol=0.015)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)])
+def test_bad_sampling_parameters(kw):
+    with pytest.raises(ValueError):
+        Sampling(**kw)
+
+
+def test_bad_lengths(tiny):
+    _, model = tiny
+    engine = Engine(model)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        engine.generate([[1] * 50], 20, max_len=60)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate([[1, 2]], 0)
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.generate([[1], []], 4)
+
+
+def test_accept_walks_the_target_choice():
+    # Tree: 0 -> {1, 2}; 1 -> {3}; 2 -> {4}; 4 -> {5}
+    parent = jnp.array([[-1, 0, 0, 1, 2, 4]])
+    tokens = jnp.array([[9, 7, 8, 3, 4, 5]])
+    tr = trees.from_parents(parent)
+    # Target picks 8 at the root (node 2), then 4 (node 4), then 6 (no such child): bonus 6.
+    choice = jnp.array([[8, 0, 4, 0, 6, 0]])
+    path, n, bonus = accept(tr, tokens, choice)
+    assert int(n[0]) == 3 and path[0, :3].tolist() == [0, 2, 4] and int(bonus[0]) == 6
+    path, n, bonus = accept(tr, tokens, jnp.array([[1, 0, 0, 0, 0, 0]]))
+    assert int(n[0]) == 1 and int(bonus[0]) == 1
