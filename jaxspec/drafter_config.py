@@ -73,10 +73,13 @@ class DrafterConfig:
                 raise ConfigError(f"layer_types: unknown layer type {t!r} (expected {SLIDING!r} or {FULL!r})")
         if not self.layer_types:
             raise ConfigError("num_hidden_layers must be positive")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
-                     "block_size"):
+        # Errors use the config.json field names.
+        for name, field in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"),
+                            ("intermediate_size", "intermediate_size"), ("num_heads", "num_attention_heads"),
+                            ("num_kv_heads", "num_key_value_heads"), ("head_dim", "head_dim"),
+                            ("block_size", "block_size")):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"{field} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads ({self.num_heads}) is not a multiple of "
                               f"num_key_value_heads ({self.num_kv_heads})")

@@ -1,0 +1,87 @@
+"""Load a z-lab DFlash drafter checkpoint (config.json + one flat-key model.safetensors) into `Drafter`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flax import nnx
+from safetensors import safe_open
+
+from convert.hf import CheckpointError
+from jaxspec.drafter import Drafter
+from jaxspec.drafter_config import DrafterConfig, load_drafter_config
+
+WEIGHTS = "model.safetensors"
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def drafter_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple, tuple[int, ...], bool]]:
+    """Checkpoint key -> (param path in the NNX state, checkpoint shape, transpose [out, in] -> [in, out])."""
+    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    out: dict[str, tuple[tuple, tuple[int, ...], bool]] = {
+        "fc.weight": (("fc", "kernel"), (d, cfg.n_taps * d), True),
+        "hidden_norm.weight": (("hidden_norm", "weight"), (d,), False),
+        "norm.weight": (("norm", "weight"), (d,), False),
+    }
+    for i in range(cfg.num_layers):
+        p, L = f"layers.{i}.", ("layers", i)
+        shapes = {
+            "self_attn.q_proj": (cfg.num_heads * hd, d), "self_attn.k_proj": (cfg.num_kv_heads * hd, d),
+            "self_attn.v_proj": (cfg.num_kv_heads * hd, d), "self_attn.o_proj": (d, cfg.num_heads * hd),
+            "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f),
+        }
+        for name, shape in shapes.items():
+            out[p + name + ".weight"] = (L + tuple(name.split(".")) + ("kernel",), shape, True)
+        for name, dim in (("input_layernorm", d), ("post_attention_layernorm", d),
+                          ("self_attn.q_norm", hd), ("self_attn.k_norm", hd)):
+            out[p + name + ".weight"] = (L + tuple(name.split(".")) + ("weight",), (dim,), False)
+    return out
+
+
+def _weights_file(model_dir: Path) -> Path:
+    f = model_dir / WEIGHTS
+    if f.is_file():
+        return f
+    if (model_dir / "model.safetensors.index.json").exists() or list(model_dir.glob("*.safetensors")):
+        found = sorted(p.name for p in model_dir.glob("*.safetensors*"))
+        raise CheckpointError(f"{model_dir}: expected one {WEIGHTS} (the DFlash drafter layout), found {found}")
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(f"{model_dir}: only pickle checkpoints ({', '.join(pickles)}); jaxspec refuses them "
+                              "because loading pickle runs arbitrary code. Convert them to safetensors.")
+    raise CheckpointError(f"{model_dir}: no {WEIGHTS}")
+
+
+def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
+    """The drafter in `model_dir` (config.json + model.safetensors), params cast to `dtype` (default: the
+    config's dtype). Raises ConfigError / CheckpointError naming the file and the field or key."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    cfg = load_drafter_config(model_dir, dtype=dtype)
+    f = _weights_file(model_dir)
+    layout = drafter_layout(cfg)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
+    flat = dict(nnx.to_flat_state(abstract))
+    values = {}
+    try:
+        sf_ctx = safe_open(str(f), framework="flax")
+    except Exception as e:  # safetensors raises its own error types for a corrupt header
+        raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+    with sf_ctx as sf:
+        for key in sf.keys():
+            if key not in layout:
+                hint = " (the drafter has no embedding or lm_head; it uses the target's)" if (
+                    "embed" in key or "lm_head" in key) else ""
+                raise CheckpointError(f"{f}: unexpected tensor {key!r} for this config{hint}")
+            path, shape, transpose = layout[key]
+            arr = sf.get_tensor(key)
+            if tuple(arr.shape) != shape:
+                raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(arr.shape)}, config expects {shape}")
+            values[path] = (arr.T if transpose else arr).astype(cfg.jnp_dtype)
+    missing = sorted(k for k, (path, _, _) in layout.items() if path not in values)
+    if missing:
+        raise CheckpointError(f"{f}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    for path, var in flat.items():
+        var.set_value(values[path])
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
