@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxspec import tree as trees
 from jaxspec.model import Qwen35, State, commit, init_state
-from jaxspec.sampling import Sampling, choose
+from jaxspec.sampling import Sampling, choose, log_probs
 
 
 def accept(tree: trees.Tree, tokens, target_choice):
@@ -44,24 +44,73 @@ def accept(tree: trees.Tree, tokens, target_choice):
     return path, n, bonus
 
 
-class AR:
-    """Plain autoregressive decoding: a one-node tree. Needs no taps and keeps no state."""
+def accept_rejection(key, tokens, logq, logits, s: Sampling):
+    """Speculative rejection sampling on a chain (Leviathan et al. 2023; Chen et al. 2023): draft
+    d_j ~ q_j is kept while u_j < p_j(d_j) / q_j(d_j), p the target's transformed distribution at the
+    parent; at the first rejection the bonus is drawn from norm(max(p - q, 0)), after a fully accepted
+    chain from p at the last node. Output distribution = sampling from p alone."""
+    b, nn = tokens.shape
+    logp = log_probs(logits, s)                                                    # [B, N, V]
+    d = tokens[:, 1:]
+    lp = jnp.take_along_axis(logp[:, :-1], d[..., None], -1)[..., 0]              # p_{j-1}(d_j)
+    lq = jnp.take_along_axis(logq[:, 1:], d[..., None], -1)[..., 0]               # q_j(d_j)
+    k_u, k_b = jax.random.split(key)
+    u = jax.random.uniform(k_u, lp.shape)
+    ok = jnp.log(u) < lp - lq
+    a = jnp.cumprod(ok, 1).sum(1).astype(jnp.int32)                                # accepted drafts
+    n = a + 1
+    p_a = jnp.exp(jnp.take_along_axis(logp, a[:, None, None], 1)[:, 0])
+    q_next = jnp.exp(jnp.take_along_axis(logq, jnp.minimum(a + 1, nn - 1)[:, None, None], 1)[:, 0])
+    resid = jnp.where((a < nn - 1)[:, None], jnp.maximum(p_a - q_next, 0.0), p_a)
+    resid = jnp.where(resid.sum(-1, keepdims=True) > 0, resid, p_a)
+    bonus = jax.random.categorical(k_b, jnp.log(resid), -1).astype(jnp.int32)
+    path = jnp.broadcast_to(jnp.arange(nn, dtype=jnp.int32), (b, nn))
+    return path, n, bonus
 
-    name = "ar"
-    taps: tuple[int, ...] = ()
-    tree_size = 1
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A tree to verify. tokens [B, N] with the pending token at the root; logq [B, N, V]: the
+    drafter's (sampling-transformed) log-probabilities of each node's token given its parent's prefix,
+    row i for node i, or None when the drafter is deterministic."""
+
+    tokens: jax.Array
+    tree: trees.Tree
+    logq: jax.Array | None = None
+
+
+class Speculator:
+    """What a drafter plugs into the engine. `params` is a pytree of device arrays passed to the
+    compiled round as an argument (never captured as a constant); `draft` is the drafter's state."""
+
+    name = "speculator"
+    taps: tuple[int, ...] = ()   # target layers whose outputs the drafter reads
+    tree_size = 1                # nodes per verified tree (static)
+    params: Any = ()
 
     def init(self, batch: int, max_len: int):
         return ()
 
-    def start(self, draft, taps, n):
+    def start(self, params, model, draft, taps, n):
+        """After a prefill piece: taps [B, P, len(taps), D] of which the first n[b] rows are committed."""
         return draft
 
-    def propose(self, draft, pending, key):
-        return pending[:, None], trees.chain(pending.shape[0], 1)
+    def propose(self, params, model, draft, pending, key) -> Proposal:
+        raise NotImplementedError
 
-    def update(self, draft, taps, path, n):
+    def update(self, params, model, draft, taps, path, n):
+        """After commit: taps of the verified nodes; path[:, :n] is the accepted path."""
         return draft
+
+
+class AR(Speculator):
+    """Plain autoregressive decoding: the root alone."""
+
+    name = "ar"
+
+    def propose(self, params, model, draft, pending, key):
+        return Proposal(pending[:, None], trees.chain(pending.shape[0], 1))
 
 
 @jax.tree_util.register_dataclass
@@ -105,8 +154,9 @@ class Engine:
     def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
                  stop_tokens=(), prefill_chunk: int = 256):
         self.cfg = model.cfg
-        self.graphdef, self.params = nnx.split(model)
         self.spec = speculator or AR()
+        self.graphdef, target_params = nnx.split(model)
+        self.params = (target_params, self.spec.params)
         self.sampling = sampling
         self.stop = jnp.asarray(sorted(set(int(t) for t in stop_tokens)) or [-1], jnp.int32)
         self.prefill_chunk = prefill_chunk
@@ -116,7 +166,7 @@ class Engine:
     # -- compiled pieces -------------------------------------------------------------------------
 
     def _model(self, params) -> Qwen35:
-        return nnx.merge(self.graphdef, params)
+        return nnx.merge(self.graphdef, params[0])
 
     def _prefill_piece(self, params, state: State, draft, tokens, n):
         """Commit one piece of the prompt: a chain of P tokens of which the first n[b] are real."""
@@ -127,19 +177,22 @@ class Engine:
         logits, taps, new, pend = model(tokens, state, tr, taps=self.spec.taps, logit_index=idx)
         path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
         new = commit(self.cfg, new, pend, tr, path, n)
-        draft = self.spec.start(draft, taps, n)
+        draft = self.spec.start(params[1], model, draft, taps, n)
         return logits, new, draft
 
     def _round(self, params, d: Decoding, max_new: int) -> Decoding:
         model = self._model(params)
         key, k_draft, k_accept = jax.random.split(d.key, 3)
-        tokens, tr = self.spec.propose(d.draft, d.pending, k_draft)
+        prop = self.spec.propose(params[1], model, d.draft, d.pending, k_draft)
+        tokens, tr = prop.tokens, prop.tree
         logits, taps, state, pend = model(tokens, d.state, tr, taps=self.spec.taps)
-        choice = choose(k_accept, logits, self.sampling)
-        path, n, bonus = accept(tr, tokens, choice)
+        if prop.logq is not None and not self.sampling.greedy:
+            path, n, bonus = accept_rejection(k_accept, tokens, prop.logq, logits, self.sampling)
+        else:
+            path, n, bonus = accept(tr, tokens, choose(k_accept, logits, self.sampling))
         n_commit = jnp.where(d.done, 0, n)  # finished sequences keep their state
         state = commit(self.cfg, state, pend, tr, path, n_commit)
-        draft = self.spec.update(d.draft, taps, path, n_commit)
+        draft = self.spec.update(params[1], model, d.draft, taps, path, n_commit)
         # Emitted this round: the accepted drafts (path[1:n]) then the bonus.
         b, nn = tokens.shape
         k = jnp.arange(nn, dtype=jnp.int32)[None]
