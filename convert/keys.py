@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-
-
 from jaxspec.config import FULL, TargetConfig
 
 # Text weights appear as `model.language_model.X` (multimodal Qwen3_5ForConditionalGeneration) or
 # `model.X` (Qwen3_5ForCausalLM); `lm_head.weight` is top level in both.
 _TEXT_PREFIXES = ("model.language_model.", "model.")
-IGNORED_PREFIXES = ("model.visual.", "mtp.")
+VISUAL_PREFIX = "model.visual."
+MTP_PREFIX = "mtp."  # the multi-token-prediction head: not part of the target, kept for a later drafter
+IGNORED_PREFIXES = (VISUAL_PREFIX, MTP_PREFIX)
 
 
 def target_layout(cfg: TargetConfig) -> dict[str, tuple[tuple, tuple[int, ...], str]]:
@@ -78,5 +78,3 @@ def transform(array, kind: str):
     if kind == "conv":
         return array[:, 0, :].T
     return array
-
-

@@ -1,0 +1,34 @@
+"""`python -m convert SUBCOMMAND ...`: checkpoint conversion from the command line.
+
+Each subcommand lives in its own module with `register(subparsers)`, which adds its parser and sets
+`func` (args -> exit status) as a default. To add one (e.g. `drafter`), write the module and append it
+to SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from convert import target
+
+SUBCOMMANDS = (target,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m convert",
+        description="Convert Hugging Face safetensors checkpoints to jaxspec's Orbax format.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Converted checkpoints: the Flax params in Orbax, next to the HF config and tokenizer files.
+
+Layout of a converted dir:
+    config.json         the HF config, copied byte for byte (jaxspec reads only this one config)
+    jaxspec.json        what jaxspec wrote: format version, param dtype, source dir
+    params/             Orbax checkpoint of the model state, a nested dict (list indices as "0", "1", ...)
+    mtp.safetensors     the raw `mtp.*` tensors of the source, when it had any
+    tokenizer files     copied when present
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+from safetensors.numpy import save_file
+
+from convert.hf import (MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble, has_mtp_tensors,
+                        load_mtp_tensors, load_target, resolve_sharding)
+from jaxspec.config import load_json, load_target_config, target_config_from_hf
+from jaxspec.model import Qwen35
+
+FORMAT = "jaxspec-target"
+VERSION = 1
+PARAMS = "params"
+META = "jaxspec.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json")
+
+
+def _key(part) -> str:
+    return str(part)
+
+
+def _nest(flat: dict[tuple, object]) -> dict:
+    """{path tuple: leaf} -> nested dict with string keys (what Orbax stores without surprises)."""
+    out: dict = {}
+    for path, leaf in flat.items():
+        node = out
+        for p in path[:-1]:
+            node = node.setdefault(_key(p), {})
+        node[_key(path[-1])] = leaf
+    return out
+
+
+def _flatten(nested: dict, prefix: tuple = ()) -> dict[tuple, object]:
+    out = {}
+    for k, v in nested.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def save_converted(model: Qwen35, out_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False,
+                   include_mtp: bool = True, progress: bool = False) -> Path:
+    """Write `model` (converted from `hf_dir`) to `out_dir`, atomically.
+
+    Everything goes into a temporary dir next to `out_dir` that is renamed into place at the end, so
+    `out_dir` is either the complete result or untouched. An existing `out_dir` is replaced only with
+    `overwrite=True`.
+    """
+    out_dir, hf_dir = Path(out_dir).absolute(), Path(hf_dir)
+    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
+        raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
+    if out_dir.resolve() == hf_dir.resolve():
+        raise CheckpointError(f"{out_dir}: is the source checkpoint dir itself; choose another output dir")
+    config_path = hf_dir / "config.json"
+    hf_cfg = target_config_from_hf(load_json(config_path), dtype=model.cfg.dtype, source=str(config_path))
+    if hf_cfg != model.cfg:
+        raise CheckpointError(f"{config_path}: does not describe this model (config {hf_cfg} vs model {model.cfg})")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        tmp.mkdir()
+        shutil.copyfile(config_path, tmp / "config.json")
+        for name in TOKENIZER_FILES:
+            if (hf_dir / name).is_file():
+                shutil.copyfile(hf_dir / name, tmp / name)
+        if include_mtp:
+            if has_mtp_tensors(hf_dir):
+                save_file(load_mtp_tensors(hf_dir), str(tmp / MTP_FILE), metadata={"format": "pt"})
+        if progress:
+            print(f"convert: writing params to {out_dir / PARAMS}", file=sys.stderr, flush=True)
+        _write_params(model, tmp / PARAMS)
+        meta = {"format": FORMAT, "version": VERSION, "dtype": model.cfg.dtype, "source": str(hf_dir.absolute())}
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+        _replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+# Host memory in flight while saving / restoring: the params are as large as the host RAM of many
+# machines (54 GB), so they must stream through in pieces rather than be staged all at once.
+SAVE_HOST_GB = 4
+RESTORE_HOST_GB = 8
+
+
+def _write_params(model: Qwen35, path: Path):
+    tree = _nest({p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))})
+    # Synchronous, with bounded device-to-host staging; StandardCheckpointer reads the result.
+    handler = ocp.PyTreeCheckpointHandler(save_device_host_concurrent_gb=SAVE_HOST_GB)
+    with ocp.Checkpointer(handler) as ckptr:
+        ckptr.save(path, args=ocp.args.PyTreeSave(tree))
+
+
+def _replace(tmp: Path, out_dir: Path):
+    """Rename `tmp` to `out_dir`; an old `out_dir` is moved aside first and deleted only afterwards."""
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        os.rename(tmp, out_dir)
+        return
+    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        os.rename(old, out_dir)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old)
+    else:
+        old.unlink()
+
+
+def is_converted(path: str | Path) -> bool:
+    return (Path(path) / PARAMS).is_dir()
+
+
+def restore_converted(out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None) -> Qwen35:
+    """The model from a converted dir, restored straight into `dtype` (default: the dtype it was saved
+    in) and `sharding` (a Sharding, or a function (param path, shape) -> Sharding)."""
+    out_dir = Path(out_dir).absolute()
+    params = out_dir / PARAMS
+    if not params.is_dir():
+        raise CheckpointError(f"{out_dir}: not a converted checkpoint (no {PARAMS}/ dir)")
+    meta = _read_meta(out_dir)
+    cfg = load_target_config(out_dir, dtype=dtype or meta["dtype"])
+    graphdef, flat = abstract_params(cfg)
+    abstract = {path: var.get_value() for path, var in flat}
+
+    with ocp.StandardCheckpointer(restore_concurrent_gb=RESTORE_HOST_GB) as ckptr:
+        try:
+            meta_tree = getattr(ckptr.metadata(params).item_metadata, "tree", None)
+        except Exception as e:  # Orbax raises many types for a damaged dir
+            raise CheckpointError(f"{params}: cannot read the Orbax checkpoint ({type(e).__name__}: "
+                                  f"{_first_line(e)})") from None
+        if meta_tree is None:
+            raise CheckpointError(f"{params}: no readable Orbax metadata; the checkpoint is damaged or incomplete")
+        stored = _flatten(meta_tree)
+        want = {tuple(map(_key, p)): (p, a) for p, a in abstract.items()}
+        missing = sorted(".".join(k) for k in want if k not in stored)
+        extra = sorted(".".join(k) for k in stored if k not in want)
+        if missing or extra:
+            raise CheckpointError(f"{params}: saved params do not match the model of {out_dir / 'config.json'}: "
+                                  f"missing {missing[:5]}, unexpected {extra[:5]}")
+        for k, (p, a) in want.items():
+            if tuple(stored[k].shape) != tuple(a.shape):
+                raise CheckpointError(f"{params}: param {'.'.join(k)!r} has shape {list(stored[k].shape)}, but "
+                                      f"{out_dir / 'config.json'} implies {list(a.shape)}")
+        target = _nest({k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=resolve_sharding(sharding, p, a.shape))
+                        for k, (p, a) in want.items()})
+        try:
+            restored = _flatten(ckptr.restore(params, target))
+        except Exception as e:
+            raise CheckpointError(f"{params}: cannot restore the Orbax checkpoint, it is damaged "
+                                  f"({type(e).__name__}: {_first_line(e)})") from None
+    return assemble(graphdef, flat, {p: restored[k] for k, (p, _) in want.items()})
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    # TensorStore errors carry a whole JSON spec; the first line says what went wrong.
+    text = str(e).strip().splitlines()
+    return text[0][:limit] if text else ""
+
+
+def _read_meta(out_dir: Path) -> dict:
+    path = out_dir / META
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; {out_dir} was not written by save_converted") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise CheckpointError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
+                              f"expected {FORMAT!r} version {VERSION}")
+    return meta
+
+
+def load_model(path: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
+               progress: bool | None = None) -> Qwen35:
+    """The target from either a converted dir (has `params/`) or a HF checkpoint dir."""
+    path = Path(path)
+    if is_converted(path):
+        return restore_converted(path, dtype=dtype, sharding=sharding)
+    return load_target(path, dtype=dtype, sharding=sharding, progress=progress)

@@ -1,0 +1,45 @@
+"""`python -m convert target HF_DIR OUT_DIR`: the Qwen3.5/3.6 target, HF safetensors -> Orbax."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "target", help="convert the Qwen3.5/3.6 target model",
+        description="Convert a Hugging Face Qwen3.5/3.6 checkpoint (Qwen3_5ForConditionalGeneration or "
+                    "Qwen3_5ForCausalLM, safetensors only) into OUT_DIR: config.json, tokenizer files, "
+                    "the Flax params under params/ (Orbax) and the raw mtp.* tensors if present. "
+                    "Vision weights are dropped.")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="dir with config.json and *.safetensors (+ index)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output dir; written atomically")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="parameter dtype (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    # Imported here so that `--help` does not pay for importing jax.
+    from convert.hf import CheckpointError, load_target
+    from convert.store import save_converted
+    from jaxspec.config import ConfigError
+
+    t0 = time.perf_counter()
+    try:
+        # Fail before a conversion that can take minutes, not after it.
+        if Path(args.out_dir).exists() and not args.overwrite:
+            raise FileExistsError(f"{args.out_dir}: already exists (pass --overwrite to replace it)")
+        model = load_target(args.hf_dir, dtype=args.dtype, progress=True)
+        out = save_converted(model, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
+    except (CheckpointError, ConfigError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"convert: wrote {out} ({args.dtype}, {time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+    return 0
