@@ -96,7 +96,7 @@ class Speculator:
         """After a prefill piece: taps [B, P, len(taps), D] of which the first n[b] rows are committed."""
         return draft
 
-    def propose(self, params, model, draft, pending, key) -> Proposal:
+    def propose(self, params, model, draft, pending, key, sampling: Sampling) -> Proposal:
         raise NotImplementedError
 
     def update(self, params, model, draft, taps, path, n):
@@ -109,7 +109,7 @@ class AR(Speculator):
 
     name = "ar"
 
-    def propose(self, params, model, draft, pending, key):
+    def propose(self, params, model, draft, pending, key, sampling):
         return Proposal(pending[:, None], trees.chain(pending.shape[0], 1))
 
 
@@ -183,7 +183,7 @@ class Engine:
     def _round(self, params, d: Decoding, max_new: int) -> Decoding:
         model = self._model(params)
         key, k_draft, k_accept = jax.random.split(d.key, 3)
-        prop = self.spec.propose(params[1], model, d.draft, d.pending, k_draft)
+        prop = self.spec.propose(params[1], model, d.draft, d.pending, k_draft, self.sampling)
         tokens, tr = prop.tokens, prop.tree
         logits, taps, state, pend = model(tokens, d.state, tr, taps=self.spec.taps)
         if prop.logq is not None and not self.sampling.greedy:

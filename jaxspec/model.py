@@ -268,11 +268,13 @@ class Qwen35(nnx.Module):
     def embed(self, tokens):
         return jnp.take(self.embed_tokens[...], tokens, axis=0)
 
+    def unembedding(self):
+        """The lm_head kernel [D, V] (the embedding's transpose when tied); the drafter shares it."""
+        return self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head.kernel[...]
+
     def logits(self, h):
         """Final norm + lm_head, in fp32. h [..., D] is the residual stream."""
-        h = self.norm(h)
-        w = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head.kernel[...]
-        return jnp.einsum("...d,dv->...v", h, w).astype(jnp.float32)
+        return jnp.einsum("...d,dv->...v", self.norm(h), self.unembedding()).astype(jnp.float32)
 
     def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None):
         """Verify forward of a tree of N tokens per sequence on top of `state`.

@@ -31,7 +31,7 @@ class OracleChain(Speculator):
     def update(self, params, model, pos, taps, path, n):
         return pos + n
 
-    def propose(self, params, model, pos, pending, key):
+    def propose(self, params, model, pos, pending, key, sampling):
         b, n = pending.shape[0], self.tree_size
         k1, k2 = jax.random.split(key)
         if self.ref is not None:

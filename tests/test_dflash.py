@@ -1,0 +1,86 @@
+"""DFlash with the real drafter module on the one engine: greedy output identical to AR, the
+drafter's context after several rounds equal to a context built from scratch, and bad input."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import jitted
+from convert.hf import load_target
+from jaxspec import tree as trees
+from jaxspec.config import ConfigError
+from jaxspec.dflash import DFlash
+from jaxspec.drafter import Drafter
+from jaxspec.drafter_config import DrafterConfig
+from jaxspec.engine import Engine
+from jaxspec.model import init_state
+from jaxspec.sampling import Sampling
+
+
+def drafter_config(**kw):
+    base = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=16,
+                layer_types=("sliding_attention", "full_attention"), rope_theta=1e7, target_layer_ids=(0, 2),
+                mask_token_id=500, block_size=6, sliding_window=8, dtype="float32")
+    return DrafterConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_hf):
+    target = load_target(tiny_hf[0], dtype="float32")
+    return target, Drafter(drafter_config(), rngs=nnx.Rngs(3))
+
+
+def test_greedy_dflash_equals_ar(pair):
+    target, drafter = pair
+    rs = np.random.RandomState(0)
+    prompts = [rs.randint(0, 512, size=n).tolist() for n in (4, 19, 40)]   # 19, 40 > the window of 8
+    ar = Engine(target).generate(prompts, 30).tokens
+    for bs in (2, 6):
+        out = Engine(target, DFlash(drafter, target.cfg, block_size=bs)).generate(prompts, 30, rounds_per_call=3)
+        assert out.tokens == ar
+
+
+def test_drafter_context_tracks_committed_sequence(pair):
+    """After prefill and rounds, the drafter's context equals the one built from the target's taps over
+    the whole committed sequence in one go: proof that the accepted rows' taps feed it correctly."""
+    target, drafter = pair
+    spec = DFlash(drafter, target.cfg, block_size=4)
+    engine = Engine(target, spec)
+    prompt = np.random.RandomState(1).randint(0, 512, size=13).tolist()
+    first, state, cache, key = engine.prefill([prompt], 64)
+    from jaxspec.engine import Decoding
+    b = 1
+    d = Decoding(state, cache, first, jnp.zeros((b, 40), jnp.int32).at[:, 0].set(first), jnp.ones((b,), jnp.int32),
+                 jnp.zeros((b,), bool), key, jnp.zeros((b, 5), jnp.int32), jnp.zeros((b,), jnp.int32))
+    d = engine._run(engine.params, d, 30, 6)
+    n = int(d.state.length[0])
+    seq = prompt + np.asarray(d.out[0, :int(d.n_out[0])]).tolist()
+    assert len(seq) == n + 1                 # everything but the pending token is committed
+    fwd, _ = jitted(target)
+    _, taps, _, _ = fwd(jnp.asarray([seq[:n]]), init_state(target.cfg, 1, 64), trees.chain(1, n), taps=spec.taps)
+    ref = drafter.add_context(drafter.init_cache(1, 64), taps, jnp.asarray([n]))
+    assert int(d.draft.length[0]) == n
+    for got, want in zip(d.draft.keys + d.draft.values, ref.keys + ref.values):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sampled_dflash_runs_and_is_seeded(pair):
+    target, drafter = pair
+    eng = Engine(target, DFlash(drafter, target.cfg), sampling=Sampling(temperature=0.9, top_k=40))
+    a = eng.generate([[1, 2, 3]], 12, seed=4).tokens
+    assert a == eng.generate([[1, 2, 3]], 12, seed=4).tokens and len(a[0]) == 12
+
+
+def test_bad_pairs_and_block_sizes(pair):
+    target, drafter = pair
+    with pytest.raises(ConfigError, match="block-size"):
+        DFlash(drafter, target.cfg, block_size=7)
+    with pytest.raises(ConfigError, match="block-size"):
+        DFlash(drafter, target.cfg, block_size=1)
+    with pytest.raises(ConfigError, match="hidden"):
+        DFlash(Drafter(drafter_config(hidden_size=32), rngs=nnx.Rngs(0)), target.cfg)
+    with pytest.raises(ConfigError):
+        DFlash(Drafter(drafter_config(target_layer_ids=(0, 4)), rngs=nnx.Rngs(0)), target.cfg)
+    with pytest.raises(ConfigError):
+        DFlash(Drafter(drafter_config(mask_token_id=512), rngs=nnx.Rngs(0)), target.cfg)
