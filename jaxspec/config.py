@@ -145,6 +145,10 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
         raise ConfigError(f"{source}: no rope_theta (looked in rope_parameters and at the top level)")
     factor = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     head_dim = int(hf.get("head_dim") or need("hidden_size") // need("num_attention_heads"))
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                "linear_conv_kernel_dim"):
+        need(key)
 
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -156,21 +160,28 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
     eos = hf.get("eos_token_id", top.get("eos_token_id"))
     eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
     tie = bool(top.get("tie_word_embeddings", hf.get("tie_word_embeddings", False)))
+    try:
+        return _target_config(hf, layer_types, head_dim, theta, factor, tie, eos, dtype)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _target_config(hf, layer_types, head_dim, theta, factor, tie, eos, dtype) -> TargetConfig:
     return TargetConfig(
-        vocab_size=int(need("vocab_size")),
-        hidden_size=int(need("hidden_size")),
-        intermediate_size=int(need("intermediate_size")),
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
         layer_types=tuple(layer_types),
-        num_heads=int(need("num_attention_heads")),
-        num_kv_heads=int(need("num_key_value_heads")),
+        num_heads=int(hf["num_attention_heads"]),
+        num_kv_heads=int(hf["num_key_value_heads"]),
         head_dim=head_dim,
         rotary_dim=int(head_dim * float(factor)),
         rope_theta=float(theta),
-        linear_num_key_heads=int(need("linear_num_key_heads")),
-        linear_num_value_heads=int(need("linear_num_value_heads")),
-        linear_key_head_dim=int(need("linear_key_head_dim")),
-        linear_value_head_dim=int(need("linear_value_head_dim")),
-        conv_kernel=int(need("linear_conv_kernel_dim")),
+        linear_num_key_heads=int(hf["linear_num_key_heads"]),
+        linear_num_value_heads=int(hf["linear_num_value_heads"]),
+        linear_key_head_dim=int(hf["linear_key_head_dim"]),
+        linear_value_head_dim=int(hf["linear_value_head_dim"]),
+        conv_kernel=int(hf["linear_conv_kernel_dim"]),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=tie,
         eos_token_ids=eos,
@@ -179,8 +190,16 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
 
 
 def load_target_config(path: str | Path, *, dtype: str | None = None) -> TargetConfig:
+    """From a model directory (or its config.json). Stop tokens also come from generation_config.json,
+    where Qwen3.6 lists <|im_end|> beside config.json's <|endoftext|>."""
     p = Path(path)
-    return target_config_from_hf(load_json(p), dtype=dtype, source=str(p / "config.json" if p.is_dir() else p))
+    cfg = target_config_from_hf(load_json(p), dtype=dtype, source=str(p / "config.json" if p.is_dir() else p))
+    gen = (p if p.is_dir() else p.parent) / "generation_config.json"
+    if gen.exists():
+        eos = load_json(gen).get("eos_token_id")
+        eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
+        cfg = cfg.replace(eos_token_ids=tuple(dict.fromkeys([*cfg.eos_token_ids, *map(int, eos)])))
+    return cfg
 
 
 def qwen36_27b(dtype: str = "bfloat16") -> TargetConfig:

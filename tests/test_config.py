@@ -232,14 +232,14 @@ VALUE_ERRORS = [
 
 @pytest.mark.parametrize("edit,words", VALUE_ERRORS)
 def test_invalid_values(tmp_path, edit, words):
-    refuse(tmp_path, {**flat(), **edit}, *words, names_file=False)
-
-
-@pytest.mark.xfail(strict=True, reason="jaxspec/config.py: errors from TargetConfig.__post_init__ do not name "
-                   "config.json (target_config_from_hf should prefix them with `source`); reported, not ours")
-@pytest.mark.parametrize("edit,words", VALUE_ERRORS[:1])
-def test_invalid_values_name_the_file(tmp_path, edit, words):
     refuse(tmp_path, {**flat(), **edit}, *words)
+
+
+def test_generation_config_adds_stop_tokens(tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps({**flat(), "eos_token_id": 248044}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
+    assert load_target_config(tmp_path).eos_token_ids == (248044, 248046)
 
 
 def test_unsupported_dtype():
