@@ -13,7 +13,7 @@ import time
 from jaxspec.config import FULL, LINEAR, TargetConfig
 from jaxspec.sampling import Sampling
 
-METHODS = ("ar",)
+METHODS = ("ar", "dflash")
 
 
 def tiny_random_config() -> TargetConfig:
@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--no-thinking", action="store_true", help="with --chat: close the <think> block empty")
     p.add_argument("--method", choices=METHODS, default="ar", help="decoding method (default: %(default)s)")
+    p.add_argument("--draft", help="DFlash drafter directory (config.json + model.safetensors), for --method dflash")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="DFlash block size: tokens per verified chain (default: the drafter's)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
                    help="context length to allocate (default: prompt + max-new-tokens + tree size)")
@@ -57,6 +60,10 @@ def main(argv=None) -> int:
         parser().error(str(e))
     if args.max_new_tokens < 1:
         parser().error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.method == "dflash" and not args.draft:
+        parser().error("--method dflash needs --draft DIR (a DFlash drafter checkpoint)")
+    if args.method == "ar" and (args.draft or args.block_size):
+        parser().error("--draft/--block-size only apply to --method dflash")
 
     from flax import nnx
 
@@ -74,7 +81,7 @@ def main(argv=None) -> int:
             cfg = cfg.replace(dtype=args.dtype)
         model = Qwen35(cfg, rngs=nnx.Rngs(args.seed))
     else:
-        from convert.hf import load_model
+        from convert.store import load_model
         model = load_model(args.model, dtype=args.dtype)
     tok = load_tokenizer(args.model)
     ids = tok.chat(args.prompt, not args.no_thinking) if args.chat else tok.encode(args.prompt)
@@ -83,7 +90,16 @@ def main(argv=None) -> int:
     if max(ids) >= model.cfg.vocab_size:
         parser().error(f"tokenizer {tok.name} produced id {max(ids)} >= the model's vocab_size {model.cfg.vocab_size}")
     stops = () if args.ignore_eos else tuple(set(model.cfg.eos_token_ids) | set(tok.eos_ids))
-    engine = Engine(model, sampling=sampling, stop_tokens=stops)
+    speculator = None
+    if args.method == "dflash":
+        from convert.drafter import load_drafter
+        from jaxspec.config import ConfigError
+        from jaxspec.dflash import DFlash
+        try:
+            speculator = DFlash(load_drafter(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size)
+        except ConfigError as e:
+            parser().error(f"--draft {args.draft}: {e}")
+    engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)
     print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {args.method}; prompt {len(ids)} tokens]",
           file=sys.stderr)
 
@@ -112,6 +128,9 @@ def main(argv=None) -> int:
     print(f"[{n} tokens in {res.decode_s:.2f}s decode ({n / max(res.decode_s, 1e-9):.1f} tok/s, includes "
           f"compilation), prefill {res.prefill_s:.2f}s; tau {res.tau:.2f} tokens/round over "
           f"{int(res.rounds.sum())} rounds]", file=sys.stderr)
+    if args.method != "ar":
+        hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(res.hist) if k and c)
+        print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
     return 0
 
 

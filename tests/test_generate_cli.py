@@ -1,0 +1,76 @@
+"""`python -m jaxspec.generate` end to end: the out-of-the-box default, an HF checkpoint with AR and
+DFlash, and flag errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_causal_lm
+from jaxspec.generate import main
+from test_drafter import make_reference, tiny_hf
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    target = tmp_path_factory.mktemp("cli_target")
+    make_causal_lm(target, vocab_size=256)
+    hf = tiny_hf("qwen36")
+    hf["dflash_config"]["target_layer_ids"] = [0, 1, 2]
+    draft = tmp_path_factory.mktemp("cli_draft")
+    make_reference(draft, hf)
+    return target, draft
+
+
+def test_default_runs_and_says_it_is_random():
+    out = subprocess.run([sys.executable, "-m", "jaxspec.generate", "--max-new-tokens", "5"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "RANDOM-WEIGHT" in out.stderr
+    assert out.stdout.startswith("def fibonacci(n):")
+    assert "5 tokens" in out.stderr and "tok/s" in out.stderr
+
+
+def test_tokenizer_beyond_the_vocab_is_refused(dirs, capsys):
+    target, draft = dirs
+    # No tokenizer files in the tiny checkpoint: the Qwen3.6 vocabulary's ids exceed its 256 tokens.
+    with pytest.raises(SystemExit):
+        main(["--model", str(target), "--prompt", "hello"])
+    assert "vocab_size 256" in capsys.readouterr().err
+
+
+def test_dflash_cli(dirs, tmp_path, capsys):
+    target, draft = dirs
+    # A byte-level tokenizer small enough for the tiny vocabulary, written as tokenizer.json.
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    from tokenizers import trainers
+    tok.train_from_iterator(["def f(x):\n    return x\n"] * 5, trainers.BpeTrainer(
+        vocab_size=256, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]))
+    import shutil
+    model_dir = tmp_path / "model"
+    shutil.copytree(target, model_dir)
+    from transformers import PreTrainedTokenizerFast
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(model_dir)
+    args = ["--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "12", "--ignore-eos"]
+    assert main(args) == 0
+    ar = capsys.readouterr()
+    assert main(args + ["--method", "dflash", "--draft", str(draft), "--block-size", "4"]) == 0
+    dflash = capsys.readouterr()
+    assert dflash.out == ar.out               # greedy DFlash prints exactly the AR text
+    assert "acceptance histogram" in dflash.err and "12 tokens" in dflash.err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+    (["--method", "dflash"], "--draft"),
+    (["--block-size", "4"], "--draft/--block-size"),
+])
+def test_flag_errors(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err
