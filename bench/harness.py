@@ -47,10 +47,15 @@ from jaxspec.tree import chain
 
 REPO = Path(__file__).resolve().parent.parent
 _T0 = time.perf_counter()
+_LOG: list = []   # an open file that log() also writes to (--log), whatever happens to stdout
 
 
 def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", flush=True)
+    line = f"[{time.perf_counter() - _T0:7.1f}s] {msg}"
+    print(line, flush=True)
+    for f in _LOG:
+        f.write(line + "\n")
+        f.flush()
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -158,11 +163,12 @@ def measure_matmul(n: int, iters: int) -> dict:
 
 # ------------------------------------------------------------------------------------------------ model
 
-def build_params(cfg: TargetConfig, seed: int = 0, how: str = "model"):
+def build_params(cfg: TargetConfig, seed: int = 0, how: str = "leafwise"):
     """Random weights made on the device inside jit; the graphdef comes from an abstract model.
 
-    how='model': the model's own initialisers in one jit. how='leafwise' (also the fallback when that
-    fails, e.g. out of memory for the RNG temporaries): N(0, 0.02) per leaf, one small jit per shape.
+    how='leafwise': N(0, 0.02) per leaf, one small jit per distinct shape, the key a runtime argument.
+    how='model': the model's own initialisers in one jit of all 64 layers; on the H200 (2026-11-29)
+    that did not finish within 9 minutes at the real shape, so it is not the default.
     """
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(seed))))
     t = time.perf_counter()
@@ -175,15 +181,15 @@ def build_params(cfg: TargetConfig, seed: int = 0, how: str = "model"):
             log(f"model init failed ({type(e).__name__}: {str(e)[:200]}); falling back to leafwise")
     leaves, treedef = jax.tree.flatten(abstract)
     key = jax.random.key(seed)
-    params = jax.tree.unflatten(treedef, [_normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype))
+    params = jax.tree.unflatten(treedef, [_normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype), 0.02)
                                           for i, x in enumerate(leaves)])
     jax.block_until_ready(params)
     return graphdef, params, dict(init="leafwise", init_s=time.perf_counter() - t)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape, dtype):
-    return (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
+def _normal(key, shape, dtype, scale):
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
 
 
 def param_bytes(cfg: TargetConfig, params) -> dict:
@@ -215,16 +221,17 @@ def state_bytes(cfg: TargetConfig, batch: int, context: int) -> dict:
 
 
 def random_state(cfg: TargetConfig, batch: int, max_len: int, length: int, seed: int = 3) -> M.State:
-    """A state as if `length` tokens had been committed: random KV cache, GDN conv history and state."""
-    s = M.init_state(cfg, batch, max_len)
+    """A state as if `length` tokens had been committed: random KV cache, GDN conv history and state.
+    Made leaf by leaf like the weights (see build_params)."""
+    abstract = jax.eval_shape(lambda: M.init_state(cfg, batch, max_len))
     key = jax.random.key(seed)
-    counter = iter(range(1 << 30))
-
-    def rnd(x, scale=1.0):
-        return (jax.random.normal(jax.random.fold_in(key, next(counter)), x.shape, jnp.float32) * scale).astype(x.dtype)
-    return M.State(length=jnp.full((batch,), length, jnp.int32), keys=tuple(map(rnd, s.keys)),
-                   values=tuple(map(rnd, s.values)), conv=tuple(map(rnd, s.conv)),
-                   ssm=tuple(rnd(x, 0.05) for x in s.ssm))
+    rnd = lambda i, x, scale: _normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype), scale)
+    n = len(abstract.keys)
+    return M.State(length=jnp.full((batch,), length, jnp.int32),
+                   keys=tuple(rnd(i, x, 1.0) for i, x in enumerate(abstract.keys)),
+                   values=tuple(rnd(n + i, x, 1.0) for i, x in enumerate(abstract.values)),
+                   conv=tuple(rnd(2 * n + i, x, 1.0) for i, x in enumerate(abstract.conv)),
+                   ssm=tuple(rnd(1000 + i, x, 0.05) for i, x in enumerate(abstract.ssm)))
 
 
 def make_decode_step(graphdef, cfg: TargetConfig, batch: int):
@@ -469,7 +476,7 @@ def make_parts(graphdef, cfg: TargetConfig, batch: int):
 
 def run_breakdown(graphdef, cfg, params, pbytes, batch, context, max_len, warmup, iters) -> dict:
     mlp_stack, attn_stack, gdn_stack, head = make_parts(graphdef, cfg, batch)
-    st = jax.jit(functools.partial(random_state, cfg, batch, max_len, context))()
+    st = random_state(cfg, batch, max_len, context)
     x = jax.jit(lambda: jax.random.normal(jax.random.key(5), (batch, 1, cfg.hidden_size)).astype(cfg.jnp_dtype))()
     tok = random_tokens(cfg, batch, 1, 6)
     sb = state_bytes(cfg, batch, context)
@@ -516,7 +523,7 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, context, dump) ->
     total_steps = args.warmup + args.iters + args.pipelined + args.profile_steps
     slack = -(-(total_steps + 16) // 128) * 128
     max_len = context + slack
-    state = jax.jit(functools.partial(random_state, cfg, b, max_len, context))()
+    state = random_state(cfg, b, max_len, context)
     tok = random_tokens(cfg, b, 1, 4)
     step = make_decode_step(graphdef, cfg, b)
     compiled, ct = compile_fn(step, params, state, tok, donate=(1,))
@@ -660,7 +667,7 @@ def parse_args(argv=None):
     ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B), 'tiny', or a path to an HF config.json")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--init", default="model", choices=("model", "leafwise"), help="how to make the random weights")
+    ap.add_argument("--init", default="leafwise", choices=("leafwise", "model"), help="how to make the random weights")
     ap.add_argument("--contexts", default="1024,32768", help="comma-separated decode context lengths")
     ap.add_argument("--prompt", type=int, default=1024, help="prefill prompt length (0: no prefill)")
     ap.add_argument("--warmup", type=int, default=10)
@@ -678,6 +685,7 @@ def parse_args(argv=None):
                     "breakdown) once this many seconds have passed (0: never)")
     ap.add_argument("--dump-dir", default=None, help="write the decode HLO and profile traces here")
     ap.add_argument("--out", required=True, help="JSON result path (rewritten after each phase)")
+    ap.add_argument("--log", default=None, help="also append the progress lines to this file")
     args = ap.parse_args(argv)
     args.contexts = [int(c) for c in str(args.contexts).split(",") if c]
     return args
@@ -685,6 +693,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.log:
+        _LOG[:] = [open(args.log, "a")]
     name, cfg = resolve_config(args.config, args.dtype)
     dump = Path(args.dump_dir) if args.dump_dir else None
     if dump is not None:
@@ -695,7 +705,7 @@ def main(argv=None) -> dict:
         harness="bench.harness", config_name=name, config=dataclasses.asdict(cfg),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_info(), sources=source_hashes(), machine=machine_info(), versions=versions(),
-        settings={k: v for k, v in vars(args).items() if k not in ("out", "dump_dir")},
+        settings={k: v for k, v in vars(args).items() if k not in ("out", "dump_dir", "log")},
         command=" ".join(sys.argv) if argv is None else "main(" + " ".join(argv) + ")",
         skipped=[])
 
