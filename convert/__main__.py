@@ -1,8 +1,8 @@
 """`python -m convert SUBCOMMAND ...`: checkpoint conversion from the command line.
 
 Each subcommand lives in its own module with `register(subparsers)`, which adds its parser and sets
-`func` (args -> exit status) as a default. To add one (e.g. `drafter`), write the module and append it
-to SUBCOMMANDS.
+`func` (args -> exit status) as a default. To add one, write the module and append it to SUBCOMMANDS.
+Those modules import jax only inside `func`, so that `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from convert import target
+from convert import drafter_cli, target
 
-SUBCOMMANDS = (target,)
+SUBCOMMANDS = (target, drafter_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,9 @@
-"""Load a z-lab DFlash drafter checkpoint (config.json + one flat-key model.safetensors) into `Drafter`."""
+"""The DFlash drafter: load a z-lab checkpoint (config.json + one flat-key model.safetensors) into `Drafter`,
+save it to / restore it from jaxspec's Orbax layout (convert/store.py), and `load_draft` for either.
+
+A converted drafter dir holds config.json (copied byte for byte), jaxspec.json (format "jaxspec-drafter")
+and params/ (Orbax); it is written atomically by the same code as the target's.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from pathlib import Path
 from flax import nnx
 from safetensors import safe_open
 
+from convert import store
 from convert.hf import CheckpointError
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
@@ -61,8 +67,8 @@ def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
     cfg = load_drafter_config(model_dir, dtype=dtype)
     f = _weights_file(model_dir)
     layout = drafter_layout(cfg)
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
-    flat = dict(nnx.to_flat_state(abstract))
+    graphdef, flat = abstract_drafter(cfg)
+    flat = dict(flat)
     values = {}
     try:
         sf_ctx = safe_open(str(f), framework="flax")
@@ -85,3 +91,33 @@ def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
     for path, var in flat.items():
         var.set_value(values[path])
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def abstract_drafter(cfg: DrafterConfig):
+    """(graphdef, flat state of abstract variables) of the drafter, without allocating it."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
+    return graphdef, nnx.to_flat_state(state)
+
+
+DRAFTER = store.Kind("drafter", "jaxspec-drafter", 1, lambda path, dtype: load_drafter_config(path, dtype=dtype),
+                     abstract_drafter, writer="save_drafter")
+
+
+def save_drafter(drafter: Drafter, out_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False,
+                 progress: bool = False) -> Path:
+    """Write `drafter` (loaded from the HF dir `hf_dir`) to `out_dir` as config.json + params/, atomically:
+    `out_dir` is the complete result or untouched; an existing one is replaced only with `overwrite=True`."""
+    return store.save(DRAFTER, drafter, out_dir, hf_dir, overwrite=overwrite, progress=progress)
+
+
+def restore_drafter(out_dir: str | Path, *, dtype: str | None = None,
+                    sharding: store.ShardingSpec = None) -> Drafter:
+    """The drafter from a dir written by `save_drafter`, read straight into `dtype` (default: the saved one)."""
+    return store.restore(DRAFTER, out_dir, dtype=dtype, sharding=sharding)
+
+
+def load_draft(path: str | Path, dtype: str | None = None) -> Drafter:
+    """The drafter from either a converted dir (has `params/`, as for the target) or a HF drafter dir."""
+    if store.is_converted(path):
+        return restore_drafter(path, dtype=dtype)
+    return load_drafter(path, dtype=dtype)

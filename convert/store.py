@@ -4,18 +4,24 @@ Layout of a converted dir:
     config.json         the HF config, copied byte for byte (jaxspec reads only this one config)
     jaxspec.json        what jaxspec wrote: format version, param dtype, source dir
     params/             Orbax checkpoint of the model state, a nested dict (list indices as "0", "1", ...)
-    mtp.safetensors     the raw `mtp.*` tensors of the source, when it had any
-    tokenizer files     copied when present
+    mtp.safetensors     (target) the raw `mtp.*` tensors of the source, when it had any
+    tokenizer files     (target) copied when present
+
+The machinery (`save`, `restore`) is shared by every model jaxspec converts; a `Kind` says what differs
+between them (how the config is read, how the abstract model is built, which files travel along).
+`TARGET` is defined here; the DFlash drafter's kind lives in convert/drafter.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import sys
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -24,15 +30,34 @@ from safetensors.numpy import save_file
 
 from convert.hf import (MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble, has_mtp_tensors,
                         load_mtp_tensors, load_target, resolve_sharding)
-from jaxspec.config import load_json, load_target_config, target_config_from_hf
+from jaxspec.config import load_target_config
 from jaxspec.model import Qwen35
 
-FORMAT = "jaxspec-target"
-VERSION = 1
 PARAMS = "params"
 META = "jaxspec.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of model that `save` / `restore` handle."""
+
+    name: str                                   # "target", "drafter": for messages
+    format: str                                 # jaxspec.json "format": a restore refuses any other kind's dir
+    version: int
+    # (model dir, dtype or None) -> config, exactly as the HF loader builds it: the saved model is checked
+    # against it, and a restore builds its abstract model from it.
+    load_config: Callable[[Path, str | None], Any]
+    # config -> (graphdef, flat state of abstract variables), without allocating the params.
+    abstract: Callable[[Any], tuple]
+    files: tuple[str, ...] = ()                 # files besides config.json copied from the source when present
+    writer: str = "save"                        # the function that writes this kind, for messages
+
+
+TARGET = Kind("target", "jaxspec-target", 1, lambda path, dtype: load_target_config(path, dtype=dtype),
+              abstract_params, TOKENIZER_FILES, "save_converted")
+FORMAT, VERSION = TARGET.format, TARGET.version
 
 
 def _key(part) -> str:
@@ -62,37 +87,51 @@ def _flatten(nested: dict, prefix: tuple = ()) -> dict[tuple, object]:
 
 def save_converted(model: Qwen35, out_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False,
                    include_mtp: bool = True, progress: bool = False) -> Path:
-    """Write `model` (converted from `hf_dir`) to `out_dir`, atomically.
+    """Write the target `model` (converted from `hf_dir`) to `out_dir`, atomically (see `save`); the raw
+    `mtp.*` tensors of `hf_dir` go along unless `include_mtp=False`."""
+    def write_mtp(tmp: Path):
+        if include_mtp and has_mtp_tensors(hf_dir):
+            save_file(load_mtp_tensors(hf_dir), str(tmp / MTP_FILE), metadata={"format": "pt"})
+
+    return save(TARGET, model, out_dir, hf_dir, overwrite=overwrite, progress=progress, extra=write_mtp)
+
+
+def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwrite: bool = False,
+         progress: bool = False, extra: Callable[[Path], None] | None = None) -> Path:
+    """Write `model` (a `kind` model converted from the HF dir `src_dir`) to `out_dir`, atomically.
 
     Everything goes into a temporary dir next to `out_dir` that is renamed into place at the end, so
     `out_dir` is either the complete result or untouched. An existing `out_dir` is replaced only with
-    `overwrite=True`.
+    `overwrite=True`. `extra(tmp_dir)` writes kind-specific files before the params.
     """
-    out_dir, hf_dir = Path(out_dir).absolute(), Path(hf_dir)
+    out_dir, src_dir = Path(out_dir).absolute(), Path(src_dir)
     if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
-    if out_dir.resolve() == hf_dir.resolve():
+    if out_dir.resolve() == src_dir.resolve():
         raise CheckpointError(f"{out_dir}: is the source checkpoint dir itself; choose another output dir")
-    config_path = hf_dir / "config.json"
-    hf_cfg = target_config_from_hf(load_json(config_path), dtype=model.cfg.dtype, source=str(config_path))
-    if hf_cfg != model.cfg:
-        raise CheckpointError(f"{config_path}: does not describe this model (config {hf_cfg} vs model {model.cfg})")
+    config_path = src_dir / "config.json"
+    # The copied config.json is all a restore has to rebuild the model from, so it must describe this
+    # model. Compared with the config the HF loader builds (for the target that includes the stop tokens
+    # of generation_config.json, which is copied along), so a model loaded from `src_dir` always passes.
+    src_cfg = kind.load_config(src_dir, model.cfg.dtype)
+    if src_cfg != model.cfg:
+        raise CheckpointError(f"{config_path}: does not describe this model (config {src_cfg} vs model {model.cfg})")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         tmp.mkdir()
         shutil.copyfile(config_path, tmp / "config.json")
-        for name in TOKENIZER_FILES:
-            if (hf_dir / name).is_file():
-                shutil.copyfile(hf_dir / name, tmp / name)
-        if include_mtp:
-            if has_mtp_tensors(hf_dir):
-                save_file(load_mtp_tensors(hf_dir), str(tmp / MTP_FILE), metadata={"format": "pt"})
+        for name in kind.files:
+            if (src_dir / name).is_file():
+                shutil.copyfile(src_dir / name, tmp / name)
+        if extra is not None:
+            extra(tmp)
         if progress:
             print(f"convert: writing params to {out_dir / PARAMS}", file=sys.stderr, flush=True)
         _write_params(model, tmp / PARAMS)
-        meta = {"format": FORMAT, "version": VERSION, "dtype": model.cfg.dtype, "source": str(hf_dir.absolute())}
+        meta = {"format": kind.format, "version": kind.version, "dtype": model.cfg.dtype,
+                "source": str(src_dir.absolute())}
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         _replace(tmp, out_dir)
     except BaseException:
@@ -107,7 +146,7 @@ SAVE_HOST_GB = 4
 RESTORE_HOST_GB = 8
 
 
-def _write_params(model: Qwen35, path: Path):
+def _write_params(model: nnx.Module, path: Path):
     tree = _nest({p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))})
     # Synchronous, with bounded device-to-host staging; StandardCheckpointer reads the result.
     handler = ocp.PyTreeCheckpointHandler(save_device_host_concurrent_gb=SAVE_HOST_GB)
@@ -138,15 +177,21 @@ def is_converted(path: str | Path) -> bool:
 
 
 def restore_converted(out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None) -> Qwen35:
-    """The model from a converted dir, restored straight into `dtype` (default: the dtype it was saved
+    """The target from a converted dir, restored straight into `dtype` (default: the dtype it was saved
     in) and `sharding` (a Sharding, or a function (param path, shape) -> Sharding)."""
+    return restore(TARGET, out_dir, dtype=dtype, sharding=sharding)
+
+
+def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None):
+    """The `kind` model from a dir written by `save`. Orbax reads every array straight into `dtype` and
+    its sharding, so the params are never held in the saved dtype first."""
     out_dir = Path(out_dir).absolute()
     params = out_dir / PARAMS
     if not params.is_dir():
         raise CheckpointError(f"{out_dir}: not a converted checkpoint (no {PARAMS}/ dir)")
-    meta = _read_meta(out_dir)
-    cfg = load_target_config(out_dir, dtype=dtype or meta["dtype"])
-    graphdef, flat = abstract_params(cfg)
+    meta = _read_meta(out_dir, kind)
+    cfg = kind.load_config(out_dir, dtype or meta["dtype"])
+    graphdef, flat = kind.abstract(cfg)
     abstract = {path: var.get_value() for path, var in flat}
 
     with ocp.StandardCheckpointer(restore_concurrent_gb=RESTORE_HOST_GB) as ckptr:
@@ -184,17 +229,21 @@ def _first_line(e: BaseException, limit: int = 300) -> str:
     return text[0][:limit] if text else ""
 
 
-def _read_meta(out_dir: Path) -> dict:
+def _read_meta(out_dir: Path, kind: Kind) -> dict:
     path = out_dir / META
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing; {out_dir} was not written by save_converted") from None
+        raise CheckpointError(f"{path}: missing; {out_dir} was not written by {kind.writer}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    if meta.get("format") != kind.format or meta.get("version") != kind.version:
+        # The likely slip is a converted target passed as the drafter or the other way round: say so.
         raise CheckpointError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
-                              f"expected {FORMAT!r} version {VERSION}")
+                              f"expected {kind.format!r} version {kind.version} ({out_dir} is not a converted "
+                              f"{kind.name} checkpoint)")
     return meta
 
 

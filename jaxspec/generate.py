@@ -92,11 +92,11 @@ def main(argv=None) -> int:
     stops = () if args.ignore_eos else tuple(set(model.cfg.eos_token_ids) | set(tok.eos_ids))
     speculator = None
     if args.method == "dflash":
-        from convert.drafter import load_drafter
+        from convert.drafter import load_draft
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash
         try:
-            speculator = DFlash(load_drafter(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size)
+            speculator = DFlash(load_draft(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size)
         except ConfigError as e:
             parser().error(f"--draft {args.draft}: {e}")
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)
