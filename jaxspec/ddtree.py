@@ -1,0 +1,207 @@
+"""DDTree draft trees built on the device, exactly (DESIGN.md section 3, reference/ddtree.md section 2).
+
+The drafter gives D independent per-depth distributions q_1..q_D. A prefix u = (u_1..u_k), k <= D,
+scores s(u) = log q_1(u_1) + ... + log q_k(u_k); the best tree of budget B is the B best prefixes,
+which is prefix-closed (paper Props 1-3). The paper pops them from a host heap; here the same nodes
+come out of one compiled program with no host round trip.
+
+The order (what "best" means, including ties). Per depth, `lax.top_k` ranks the vocabulary (stable:
+equal log-probs rank the lower token id first) and only ranks < K = min(B, V) are used (Lemma 1), so
+a prefix is a rank tuple (r_1..r_k). Prefixes are totally ordered by score descending, then rank
+tuple ascending lexicographically with a proper prefix before its extensions: exactly the pop order
+of the paper's heap of (-score, rank tuple). Scores are float32 sums accumulated root to leaf,
+s(u + r) = fl(s(u) + logp_d[r]); the paper's heap gets a sibling's score as score - lp[r] + lp[r+1],
+which rounds differently, so a reference must add from the parent to match bit for bit.
+
+This order is topological: logp <= 0 gives s(child) <= s(parent), and on a tie the parent's tuple
+is a prefix of the child's. The next sibling never beats the previous one either (top_k sorts).
+So the best B prefixes are the first B of this order and form a prefix-closed, sibling-closed set.
+
+Construction. Let S be that set. For each depth d, beam_d = the best min(B, K^d) children (in the
+order above) of beam_{d-1}. By induction beam_d contains S at depth d: a u in S has its parent in S,
+hence in beam_{d-1}, so u is a candidate; if B candidates came before u, u would be beyond place B.
+This holds with float rounding and -inf; it does need the exact tie order inside each beam top-k,
+which is why every beam is kept in lexicographic order: the candidates [parent, rank] then flatten in
+lexicographic order and a stable `lax.top_k` breaks ties by it. The final pick ranks all beam
+entries (at most D*B) by score and then by their DFS preorder in the forest of beam entries, which
+is the lexicographic order of their rank tuples across depths. Memory is O(B * K) per depth for the
+candidates, never O(V^D); the vocabulary is touched only by the one top_k over [batch, D, V].
+
+Invalid nodes. Fewer than B real prefixes exist when V + V^2 + ... + V^D < B, and a prefix with
+score -inf (a token the sampling settings removed) must never be proposed. Such nodes still fill the
+static N = B + 1 slots, always after every valid node: they get token -1 (never equal to a target
+choice, so the accept walk, which follows parent == cur & token == choice, never enters them),
+parent 0, depth 1, score -inf, ancestors {root, self} (no row is all-masked), and valid False.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec import tree as trees
+
+INVALID_TOKEN = -1
+
+
+class DDTree(NamedTuple):
+    """tokens [b, N] int32 (root_token at node 0, INVALID_TOKEN at invalid nodes); tree: parent,
+    depth, anc in score order; valid [b, N] bool (root True); score [b, N] float32 (0 at the root,
+    -inf at invalid nodes, the prefix's summed log-prob otherwise); anc_bits [b, N, ceil(N/32)]
+    uint32, bit j % 32 of word j // 32 of row i set iff node j is an ancestor-or-self of node i."""
+
+    tokens: jax.Array
+    tree: trees.Tree
+    valid: jax.Array
+    score: jax.Array
+    anc_bits: jax.Array
+
+
+def _segment_sum(x, seg, num):
+    """Per batch row: out[b, s] = sum of x[b, j] over j with seg[b, j] == s."""
+    rows = jnp.arange(x.shape[0])[:, None]
+    return jnp.zeros((x.shape[0], num), x.dtype).at[rows, seg].add(x)
+
+
+def _gather(x, idx):
+    return jnp.take_along_axis(x, idx, 1)
+
+
+def pack_bits(mask):
+    """[..., N] bool -> [..., ceil(N/32)] uint32, bit j % 32 of word j // 32 = mask[..., j]."""
+    n = mask.shape[-1]
+    words = -(-n // 32)
+    m = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, words * 32 - n)])
+    m = m.reshape(*mask.shape[:-1], words, 32).astype(jnp.uint32)
+    # Distinct bits, so the sum is the bitwise or.
+    return (m << jnp.arange(32, dtype=jnp.uint32)).sum(-1, dtype=jnp.uint32)
+
+
+def _ancestors(parent, max_depth):
+    """anc [b, N, N] ancestor-or-self by chasing parents max_depth times (parent[:, 0] == -1)."""
+    b, n = parent.shape
+    cols = jnp.arange(n, dtype=jnp.int32)
+    anc = jnp.broadcast_to(jnp.eye(n, dtype=bool), (b, n, n))
+    cur = parent
+    for _ in range(max_depth):
+        anc = anc | (cur[..., None] == cols)
+        cur = jnp.where(cur >= 0, _gather(parent, jnp.maximum(cur, 0)), -1)
+    return anc
+
+
+def _root_only(root_token, budget):
+    """The root and `budget` invalid nodes: budget 0, or a drafter with no depths (D == 0)."""
+    b = root_token.shape[0]
+    n = budget + 1
+    first = jnp.arange(n) == 0
+    tokens = jnp.where(first, root_token[:, None].astype(jnp.int32), INVALID_TOKEN)
+    parent = jnp.broadcast_to(jnp.where(first, -1, 0).astype(jnp.int32), (b, n))
+    valid = jnp.broadcast_to(first, (b, n))
+    score = jnp.broadcast_to(jnp.where(first, 0.0, -jnp.inf).astype(jnp.float32), (b, n))
+    anc = _ancestors(parent, 1)
+    tree = trees.Tree(parent, (parent >= 0).astype(jnp.int32), anc)
+    return DDTree(tokens, tree, valid, score, pack_bits(anc))
+
+
+@functools.partial(jax.jit, static_argnames=("budget",))
+def build_tree(logp, root_token, budget: int) -> DDTree:
+    """The best DDTree of `budget` drafted nodes under per-depth log-probs logp [b, D, V] (depth d
+    uses row d - 1; -inf allowed; NaN is read as -inf, values >= 0 including -0.0 as 0.0), rooted at
+    root_token [b]. N = budget + 1 nodes per row in the order described in the module docstring
+    (root first, then score descending, ties by rank tuple), so parents precede children; invalid
+    nodes, if any, come last. `budget` is static; jit once per (shape, budget)."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    b, n_depth, vocab = logp.shape
+    if budget == 0 or n_depth == 0:
+        return _root_only(root_token, budget)
+    k = min(budget, vocab)
+    logp = logp.astype(jnp.float32)
+    # top_k compares floats in total order (0.0 above -0.0, NaN above everything), which would rank
+    # equal log-probs apart and could put a child (parent -0.0 plus lp 0.0) before its parent.
+    logp = jnp.where(logp < 0, logp, jnp.where(jnp.isnan(logp), -jnp.inf, 0.0))
+    # The barrier keeps XLA from folding the per-depth slices below into top_k's own slice, which
+    # hides the top-k pattern and turns it into a full sort of the vocabulary (50x slower on CPU).
+    top_lp, top_id = jax.lax.optimization_barrier(jax.lax.top_k(logp, k))   # [b, D, K], stable ties
+    top_id = top_id.astype(jnp.int32)
+
+    # Beams in lexicographic order of rank tuples: par = position of the parent in the previous beam.
+    scores = [top_lp[:, 0]]
+    pars = [jnp.zeros((b, k), jnp.int32)]
+    ranks = [jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))]
+    for d in range(1, n_depth):
+        width = scores[-1].shape[1]
+        cand = (scores[-1][:, :, None] + top_lp[:, d, None, :]).reshape(b, width * k)
+        keep = min(budget, width * k)
+        if keep == width * k:                         # tiny vocabularies: every candidate survives
+            idx = jnp.broadcast_to(jnp.arange(keep, dtype=jnp.int32), (b, keep))
+        else:
+            # Stable top_k: among equal scores the lower flat index, i.e. the lexicographically
+            # smaller tuple, wins. Sorting the winners' indices restores lexicographic order.
+            idx = jnp.sort(jax.lax.top_k(cand, keep)[1].astype(jnp.int32), axis=1)
+        scores.append(_gather(cand, idx))
+        pars.append(idx // k)
+        ranks.append(idx % k)
+    widths = [s.shape[1] for s in scores]
+
+    # DFS preorder of the beam forest (children in rank order) = lexicographic order across depths.
+    sizes = [None] * n_depth
+    sizes[-1] = jnp.ones((b, widths[-1]), jnp.int32)
+    for d in range(n_depth - 2, -1, -1):
+        sizes[d] = 1 + _segment_sum(sizes[d + 1], pars[d + 1], widths[d])
+    pres, parent_pres = [], []
+    up = jnp.full((b, 1), -1, jnp.int32)              # the root's preorder, one slot
+    for d in range(n_depth):
+        sz = sizes[d]
+        group = _segment_sum(sz, pars[d], up.shape[1])
+        before_group = jnp.cumsum(group, 1) - group   # nodes in earlier parents' subtrees
+        before_self = jnp.cumsum(sz, 1) - sz
+        pp = _gather(up, pars[d])
+        pres.append(pp + 1 + before_self - _gather(before_group, pars[d]))
+        parent_pres.append(pp)
+        up = pres[-1]
+
+    pre = jnp.concatenate(pres, 1)                    # a permutation of 0..M-1 per row
+    m = pre.shape[1]
+    rows = jnp.arange(b)[:, None]
+
+    def by_pre(x):
+        return jnp.zeros((b, m), x.dtype).at[rows, pre].set(x)
+
+    score_p = by_pre(jnp.concatenate(scores, 1))
+    parent_p = by_pre(jnp.concatenate(parent_pres, 1))
+    depth_p = by_pre(jnp.concatenate([jnp.full((b, w), d + 1, jnp.int32) for d, w in enumerate(widths)], 1))
+    token_p = by_pre(jnp.concatenate([_gather(top_id[:, d], ranks[d]) for d in range(n_depth)], 1))
+
+    # Laid out in preorder, a stable top_k orders by (score desc, rank tuple asc): the heap's order.
+    n_sel = min(budget, m)
+    sel_score, sel = jax.lax.top_k(score_p, n_sel)
+    sel = sel.astype(jnp.int32)
+    node_of = jnp.zeros((b, m), jnp.int32).at[rows, sel].set(jnp.arange(1, n_sel + 1, dtype=jnp.int32))
+    sel_parent_pre = _gather(parent_p, sel)
+    # A selected node's parent precedes it in the order, so it was selected too (node_of > 0).
+    sel_parent = jnp.where(sel_parent_pre >= 0, _gather(node_of, jnp.maximum(sel_parent_pre, 0)), 0)
+
+    pad = budget - n_sel                              # more budget than prefixes exist
+    def fill(x, v):
+        return jnp.pad(x, ((0, 0), (0, pad)), constant_values=v)
+
+    valid = fill(sel_score > -jnp.inf, False)
+    tokens = jnp.where(valid, fill(_gather(token_p, sel), INVALID_TOKEN), INVALID_TOKEN)
+    parent = jnp.where(valid, fill(sel_parent, 0), 0)
+    depth = jnp.where(valid, fill(_gather(depth_p, sel), 1), 1)
+    score = jnp.where(valid, fill(sel_score, -jnp.inf), -jnp.inf)
+
+    def with_root(x, v):
+        return jnp.concatenate([jnp.broadcast_to(jnp.asarray(v, x.dtype), (b, 1)), x], 1)
+
+    tokens = with_root(tokens, 0).at[:, 0].set(root_token.astype(jnp.int32))
+    parent = with_root(parent, -1)
+    depth = with_root(depth, 0)
+    valid = with_root(valid, True)
+    score = with_root(score, 0.0)
+    anc = _ancestors(parent, n_depth)
+    return DDTree(tokens, trees.Tree(parent, depth, anc), valid, score, pack_bits(anc))
