@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench import profile
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.tree import chain
@@ -100,7 +101,6 @@ def time_calls(fn, warmup: int, iters: int) -> dict:
 
 # The model's parts, named in the HLO metadata while tracing so that profiled kernels can be charged
 # to them. The wrappers only add jax.named_scope; the computation is unchanged.
-PARTS = ("embed", "attn", "gdn", "mlp", "norm", "head", "commit")
 _SCOPED = ((M.Attention, "__call__", "attn"), (M.GatedDeltaNet, "__call__", "gdn"), (M.MLP, "__call__", "mlp"),
            (M.RMSNorm, "__call__", "norm"), (M.Qwen35, "logits", "head"), (M.Qwen35, "embed", "embed"))
 
@@ -146,8 +146,15 @@ def measure_copy(gib: float, iters: int) -> dict:
         r = time_calls(lambda: f(x).block_until_ready(), 3, iters)
         r["tb_s"] = 2 * x.nbytes / (r["median_ms"] * 1e-3) / 1e12
         out["variants"][name] = r
-    del x
     out["tb_s"] = max(r["tb_s"] for r in out["variants"].values())
+    # Read-only bandwidth (a reduction reads the buffer once, writes 4 bytes): weight-streaming gemms
+    # read far more than they write, and on the H200 they ran above the copy rate (2026-11-29).
+    f = jax.jit(jnp.sum)
+    r = time_calls(lambda: f(x).block_until_ready(), 3, iters)
+    r["tb_s"] = x.nbytes / (r["median_ms"] * 1e-3) / 1e12
+    out["read"] = r
+    out["read_tb_s"] = r["tb_s"]
+    del x
     return out
 
 
@@ -245,6 +252,15 @@ def make_decode_step(graphdef, cfg: TargetConfig, batch: int):
     return decode_step
 
 
+def make_decode_loop(graphdef, cfg: TargetConfig, batch: int, steps: int):
+    """`steps` decode steps in one jit (a device loop, as a serving loop runs): no host work per step."""
+    step = make_decode_step(graphdef, cfg, batch)
+
+    def decode_loop(params, state, token):
+        return jax.lax.fori_loop(0, steps, lambda i, c: step(params, *c), (state, token))
+    return decode_loop
+
+
 def make_prefill(graphdef, cfg: TargetConfig):
     def prefill(params, state, tokens):
         model = nnx.merge(graphdef, params)
@@ -264,149 +280,8 @@ def random_tokens(cfg: TargetConfig, batch: int, n: int, seed: int):
 
 # ---------------------------------------------------------------------------------------------- profile
 
-_DEF = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$')
-_HEADER = re.compile(r'^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$')
-
-
-def hlo_op_names(hlo_text: str) -> dict[str, str]:
-    """HLO instruction name -> op_name metadata. XLA drops it on some instructions it makes (copies,
-    converts, rewritten dots): those take the most common part of the computation they call, else of
-    their operands, and say so."""
-    own, calls, operands, body = {}, {}, {}, {}
-    comp = None
-    for line in hlo_text.splitlines():
-        h = _HEADER.match(line)
-        if h:
-            comp = h.group(1)
-            continue
-        d = _DEF.match(line)
-        if not d:
-            continue
-        name, rhs = d.groups()
-        m = re.search(r'op_name="([^"]*)"', rhs)
-        if m:
-            own[name] = m.group(1)
-            body.setdefault(comp, []).append(m.group(1))
-        c = re.search(r'calls=%([\w.\-]+)', rhs)
-        if c:
-            calls[name] = c.group(1)
-        operands[name] = re.findall(r'%([\w.\-]+)', rhs.split("metadata=")[0].split("calls=")[0])
-
-    memo: dict[str, str | None] = {}
-
-    def majority(names):
-        parts = [part_of(x) for x in names if x]
-        parts = [p for p in parts if p in PARTS or p in ("state", "weights")]
-        return max(set(parts), key=parts.count) if parts else None
-
-    def resolve(name, depth=0):
-        if name in own:
-            return own[name]
-        if name in memo or depth > 6:
-            return memo.get(name)
-        memo[name] = None
-        p = majority(body.get(calls.get(name), []))
-        if p:
-            memo[name] = f"{p} (inside fusion)"
-        else:
-            p = majority(resolve(o, depth + 1) for o in operands.get(name, []))
-            memo[name] = f"{p} (from operands {' '.join(operands[name][:3])})" if p else None
-        return memo[name]
-
-    return {name: v for name in operands if (v := resolve(name)) is not None}
-
-
-_WEIGHT_PARTS = (("self_attn", "attn"), ("linear_attn", "gdn"), ("lm_head", "head"), ("embed_tokens", "embed"),
-                 ("mlp", "mlp"), ("norm", "norm"))
-
-
-def part_of(op_name: str | None) -> str:
-    """The model part an op belongs to: the outermost named scope; for an argument, its owner."""
-    if not op_name:
-        return "unmapped"
-    if " (" in op_name:                            # resolved by hlo_op_names
-        return op_name.split()[0]
-    if op_name.startswith("params"):
-        return next((p for k, p in _WEIGHT_PARTS if k in op_name), "weights")
-    if op_name.startswith("state"):
-        return "state"
-    for c in op_name.split("/"):
-        if c in PARTS:
-            return c
-    return "other"
-
-
-def profile_events(xplane: str, module: str) -> tuple[list[tuple[str, float, float]], dict]:
-    """(hlo_op, start_ns, duration_ns) of the kernels of `module`, from device planes when there are
-    any (their 'Stream' lines: one event per kernel), else from the host CPU plane's XLA thunks."""
-    from jax.profiler import ProfileData
-    planes = list(ProfileData.from_file(xplane).planes)
-    dev = [p for p in planes if p.name.startswith("/device:")]
-    info: dict = dict(lines={}, samples=[])
-
-    def hlo_op(ev, stats):
-        op = stats.get("hlo_op")
-        if op is None:  # some tracers keep the annotation '...#hlo_op=X,hlo_module=Y#' as one string
-            for v in stats.values():
-                m = re.search(r"hlo_op=([\w.\-]+)", str(v))
-                if m:
-                    return m.group(1), str(v)
-        return op, str(stats.get("hlo_module", ""))
-
-    def collect(plane_list, line_ok, need_module=True):
-        out = []
-        for pl in plane_list:
-            for ln in pl.lines:
-                evs = list(ln.events)
-                info["lines"][f"{pl.name}|{ln.name}"] = len(evs)
-                if not line_ok(ln.name):
-                    continue
-                for ev in evs:
-                    st = {k: v for k, v in ev.stats}
-                    if len(info["samples"]) < 8 and pl.name.startswith("/device:"):
-                        info["samples"].append(dict(line=ln.name, name=ev.name, stats={k: str(v)[:120] for k, v in st.items()}))
-                    op, mod = hlo_op(ev, st)
-                    if op is None and not need_module:
-                        op, mod = ev.name, module
-                    if op is not None and module in mod:
-                        out.append((str(op), float(ev.start_ns), float(ev.duration_ns)))
-        return out
-
-    if dev:
-        ev = collect(dev, lambda n: n.startswith("Stream"))
-        if not ev:
-            ev = collect(dev, lambda n: n not in ("XLA Modules", "XLA TraceMe", "XLA Ops"))
-        if not ev:  # kernels without annotations: their names, charged through the HLO names below
-            ev = collect(dev, lambda n: n.startswith("Stream"), need_module=False)
-            info["annotations"] = "missing: kernel names used"
-    else:
-        ev = collect([p for p in planes if p.name == "/host:CPU"], lambda n: n != "python")
-    return ev, info
-
-
-def kernel_summary(events, op_names: dict[str, str], steps: int, top: int = 30) -> dict:
-    per_op: dict[str, list] = {}
-    for op, _, dur in events:
-        per_op.setdefault(op, [0.0, 0])
-        per_op[op][0] += dur
-        per_op[op][1] += 1
-    by_part: dict[str, dict] = {}
-    for op, (dur, cnt) in per_op.items():
-        p = by_part.setdefault(part_of(op_names.get(op)), dict(ms_per_step=0.0, kernels_per_step=0.0))
-        p["ms_per_step"] += dur / 1e6 / steps
-        p["kernels_per_step"] += cnt / steps
-    busy = sum(d for _, _, d in events) / 1e6 / steps
-    span = (max(s + d for _, s, d in events) - min(s for _, s, _ in events)) / 1e6 / steps if events else 0.0
-    tops = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:top]
-    return dict(
-        steps=steps, kernel_ms_per_step=busy, span_ms_per_step=span,
-        kernels_per_step=len(events) / steps if steps else 0,
-        by_part=dict(sorted(by_part.items(), key=lambda kv: -kv[1]["ms_per_step"])),
-        top_ops=[dict(hlo_op=op, part=part_of(op_names.get(op)), op_name=op_names.get(op),
-                      ms_per_step=d / 1e6 / steps, count_per_step=c / steps) for op, (d, c) in tops])
-
-
 def profile_steps(run_step, steps: int, module: str, hlo_text: str, dump: Path | None, tag: str) -> dict:
+    """Trace `steps` steps (the last one waited for inside the trace) and charge kernels to parts."""
     tmp = tempfile.mkdtemp(prefix="bench_trace_")
     try:
         opts = jax.profiler.ProfileOptions()
@@ -414,17 +289,15 @@ def profile_steps(run_step, steps: int, module: str, hlo_text: str, dump: Path |
         opts.enable_hlo_proto = False
         with jax.profiler.trace(tmp, profiler_options=opts):
             for _ in range(steps):
-                run_step()
+                out = run_step()
+            jax.block_until_ready(out)
         files = sorted(glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True))
         if not files:
             return dict(error="no xplane.pb written")
         if dump is not None:
             shutil.copy(files[-1], dump / f"trace_{tag}.xplane.pb")
-        events, info = profile_events(files[-1], module)
-        names = hlo_op_names(hlo_text)
-        # Kernel names are HLO names with '.' and '-' made '_' (and sometimes a suffix).
-        names.update({re.sub(r"[.\-]", "_", k): v for k, v in list(names.items())})
-        out = kernel_summary(events, names, steps)
+        events, info = profile.load_events(files[-1], module)
+        out = profile.summarize(events, profile.HloIndex(hlo_text), steps)
         out.update(info)
         return out
     finally:
@@ -518,9 +391,10 @@ def run_breakdown(graphdef, cfg, params, pbytes, batch, context, max_len, warmup
 
 # ------------------------------------------------------------------------------------------------ runs
 
-def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, context, dump) -> dict:
+def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, context, dump) -> dict:
     b = args.batch
-    total_steps = args.warmup + args.iters + args.pipelined + args.profile_steps
+    loop_calls = 1 + args.loop_iters if args.loop_steps else 0
+    total_steps = args.warmup + args.iters + args.pipelined + args.profile_steps + loop_calls * args.loop_steps
     slack = -(-(total_steps + 16) // 128) * 128
     max_len = context + slack
     state = random_state(cfg, b, max_len, context)
@@ -533,6 +407,7 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, context, dump) ->
 
     def one():
         hold[0], hold[1] = compiled(params, hold[0], hold[1])
+        return hold[1]
 
     def synced():
         one()
@@ -555,6 +430,9 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, context, dump) ->
     r["roofline_ms"] = roof
     r["ratio_to_roofline"] = ms / roof                # measured step / roofline: 1.0 is the floor
     r["ratio_to_roofline_pipelined"] = r["pipelined_ms"] / roof
+    # The same bytes at the read-only rate (the tighter floor: a decode step mostly reads).
+    r["roofline_read_ms"] = nbytes / (read_tb_s * 1e12) * 1e3
+    r["ratio_to_roofline_read_pipelined"] = r["pipelined_ms"] / r["roofline_read_ms"]
     r["achieved_tb_s"] = nbytes / (best * 1e-3) / 1e12
     r["tokens_per_s"] = b * 1e3 / best
     log(f"decode ctx={context}: step median {ms:.3f} ms (p10 {r['step']['p10_ms']:.3f}, p90 {r['step']['p90_ms']:.3f}),"
@@ -567,18 +445,32 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, context, dump) ->
                 with gzip.open(dump / f"hlo_decode_{context}.txt.gz", "wt") as f:
                     f.write(hlo)
             mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
-            r["profile"] = profile_steps(one, args.profile_steps, mod.group(1) if mod else "decode_step", hlo,
-                                         dump, f"decode_{context}")
-            hold[1].block_until_ready()
-            if "by_part" in r["profile"]:
-                parts = ", ".join(f"{k} {v['ms_per_step']:.3f}" for k, v in r["profile"]["by_part"].items())
-                log(f"decode ctx={context}: profile kernel {r['profile']['kernel_ms_per_step']:.3f} ms/step"
-                    f" ({r['profile']['kernels_per_step']:.0f} kernels): {parts}")
+            r["profile"] = p = profile_steps(one, args.profile_steps, mod.group(1) if mod else "decode_step", hlo,
+                                             dump, f"decode_{context}")
+            if "by_part" in p:
+                parts = ", ".join(f"{k} {v['ms_per_step']:.3f}" for k, v in p["by_part"].items())
+                log(f"decode ctx={context}: profile {p['kernels_per_step']:.0f} kernels/step, busy "
+                    f"{p['kernel_ms_per_step']:.3f} ms (gemms {p['gemm_ms_per_step']:.3f} ms at {p['gemm_tb_s']:.2f} TB/s),"
+                    f" span {p['span_ms_per_step']:.3f} ms; by part (ms): {parts}")
         except Exception as e:  # the profile is a diagnosis; the timings above stand without it
             r["profile"] = dict(error=f"{type(e).__name__}: {e}")
             log(f"profile failed: {r['profile']['error']}")
 
-    steps_done = args.warmup + args.iters + args.pipelined + (args.profile_steps if "profile" in r else 0)
+    if args.loop_steps and not past_deadline(args):
+        loop, lct = compile_fn(make_decode_loop(graphdef, cfg, b, args.loop_steps), params, hold[0], hold[1],
+                               donate=(1,))
+
+        def run_loop():
+            hold[0], hold[1] = loop(params, hold[0], hold[1])
+            hold[1].block_until_ready()
+        lt = time_calls(run_loop, 1, args.loop_iters)
+        r["device_loop"] = dict(steps_per_call=args.loop_steps, **lct, call=lt,
+                                step_ms=lt["median_ms"] / args.loop_steps)
+        r["ratio_to_roofline_device_loop"] = r["device_loop"]["step_ms"] / roof
+        log(f"decode ctx={context}: device loop of {args.loop_steps} steps: {r['device_loop']['step_ms']:.3f} ms/step"
+            f" -> x{r['ratio_to_roofline_device_loop']:.3f} of roofline")
+    steps_done = (args.warmup + args.iters + args.pipelined + (args.profile_steps if "profile" in r else 0)
+                  + (loop_calls * args.loop_steps if "device_loop" in r else 0))
     length = int(hold[0].length[0])
     r["state_length_ok"] = length == context + steps_done
     del hold
@@ -673,6 +565,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=100, help="timed decode steps, synchronised each")
     ap.add_argument("--pipelined", type=int, default=50, help="decode steps back to back, synchronised at the end")
+    ap.add_argument("--loop-steps", type=int, default=0, help="also time this many steps inside one jit "
+                    "(fori_loop), i.e. without host dispatch per step (0: no)")
+    ap.add_argument("--loop-iters", type=int, default=5, help="timed calls of the device loop")
     ap.add_argument("--prefill-warmup", type=int, default=1)
     ap.add_argument("--prefill-iters", type=int, default=5)
     ap.add_argument("--copy-gib", type=float, default=4.0, help="copy-bandwidth buffer size")
@@ -722,7 +617,8 @@ def main(argv=None) -> dict:
     log(f"{name} on {res['machine']['device_kind']} ({res['machine']['platform']}), jax {jax.__version__}")
     res["copy_bandwidth"] = measure_copy(args.copy_gib, args.ceiling_iters)
     copy_tb_s = res["copy_bandwidth"]["tb_s"]
-    log(f"copy bandwidth {copy_tb_s:.3f} TB/s (read + write of {res['copy_bandwidth']['buffer_bytes'] / 2**30:.2f} GiB)")
+    log(f"copy bandwidth {copy_tb_s:.3f} TB/s (read + write of {res['copy_bandwidth']['buffer_bytes'] / 2**30:.2f} GiB),"
+        f" read-only {res['copy_bandwidth']['read_tb_s']:.3f} TB/s")
     res["matmul"] = measure_matmul(args.matmul_n, args.ceiling_iters)
     log(f"bf16 matmul {args.matmul_n}^3: {res['matmul']['tflop_s']:.1f} TFLOP/s")
     save()
@@ -737,7 +633,8 @@ def main(argv=None) -> dict:
 
     res["decode"] = []
     for ctx in args.contexts:
-        res["decode"].append(run_decode(graphdef, cfg, params, pbytes, copy_tb_s, args, ctx, dump))
+        res["decode"].append(run_decode(graphdef, cfg, params, pbytes, copy_tb_s,
+                                        res["copy_bandwidth"]["read_tb_s"], args, ctx, dump))
         save()
 
     if args.prompt:
@@ -763,7 +660,8 @@ def main(argv=None) -> dict:
     for d in res["decode"]:
         log(f"  decode ctx={d['context']:6d}: {d['step']['median_ms']:8.3f} ms (pipelined {d['pipelined_ms']:.3f})"
             f"  roofline {d['roofline_ms']:.3f} ms  x{d['ratio_to_roofline']:.3f}  {d['achieved_tb_s']:.2f} TB/s"
-            f"  {d['tokens_per_s']:.1f} tok/s")
+            f"  {d['tokens_per_s']:.1f} tok/s"
+            + (f"  device loop {d['device_loop']['step_ms']:.3f} ms" if "device_loop" in d else ""))
     if "prefill" in res:
         p = res["prefill"]
         log(f"  prefill P={p['prompt']}: {p['time']['median_ms']:.2f} ms, {p['tokens_per_s']:.0f} tok/s,"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import harness
+from bench import harness, profile
 
 
 def _positive(d: dict, *keys):
@@ -19,7 +19,7 @@ def _positive(d: dict, *keys):
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
     harness.main(["--config", "tiny", "--contexts", "16,48", "--prompt", "40", "--warmup", "1", "--iters", "3",
-                  "--pipelined", "2", "--prefill-iters", "2", "--copy-gib", "0.004", "--matmul-n", "64",
+                  "--pipelined", "2", "--loop-steps", "3", "--loop-iters", "2", "--prefill-iters", "2", "--copy-gib", "0.004", "--matmul-n", "64",
                   "--ceiling-iters", "2", "--profile-steps", "1", "--breakdown", "--out", str(out)])
     return json.loads(out.read_text())
 
@@ -36,7 +36,7 @@ def test_metadata(result):
 
 
 def test_ceilings_and_params(result):
-    _positive(result["copy_bandwidth"], "tb_s", "bytes_per_op")
+    _positive(result["copy_bandwidth"], "tb_s", "bytes_per_op", "read_tb_s")
     _positive(result["matmul"], "tflop_s", "median_ms")
     p = result["params"]
     _positive(p, "total", "decode_weight_bytes", "param_count")
@@ -54,12 +54,14 @@ def test_decode(result):
         _positive(d["bytes"], "weights", "kv_read", "gdn_state_read_write", "total")
         assert d["bytes"]["total"] == d["bytes"]["weights"] + d["bytes"]["kv_read"] + d["bytes"]["gdn_state_read_write"]
         assert d["state_length_ok"]
+        _positive(d, "roofline_read_ms", "ratio_to_roofline_read_pipelined", "ratio_to_roofline_device_loop")
+        _positive(d["device_loop"], "step_ms", "steps_per_call")
         prof = d["profile"]
         assert "error" not in prof, prof
         # The CPU profiler sees only the XLA thunks that ran on its pool threads (not always all of
         # them); on a GPU every kernel is there. So only the shape of the summary is checked here.
         assert prof["kernel_ms_per_step"] >= 0 and isinstance(prof["by_part"], dict)
-        assert all(set(t) >= {"hlo_op", "part", "ms_per_step"} for t in prof["top_ops"])
+        assert all(set(t) >= {"kernel", "part", "ms_per_step"} for t in prof["top_kernels"])
     kv = [d["bytes"]["kv_read"] for d in result["decode"]]
     assert kv[1] == 3 * kv[0]
 
@@ -76,11 +78,11 @@ def test_prefill_and_breakdown(result):
 
 
 def test_part_of():
-    assert harness.part_of("jit(decode_step)/gdn/norm/mul") == "gdn"
-    assert harness.part_of("jit(decode_step)/commit/add") == "commit"
-    assert harness.part_of("params['layers'][3]['mlp']['up_proj']['kernel'].value") == "mlp"
-    assert harness.part_of("mlp (from operands a b)") == "mlp"
-    assert harness.part_of(None) == "unmapped"
+    assert profile.part_of("jit(decode_step)/gdn/norm/mul") == "gdn"
+    assert profile.part_of("jit(decode_step)/commit/add") == "commit"
+    assert profile.part_of("params['layers'][3]['mlp']['up_proj']['kernel'].value") == "mlp"
+    assert profile.part_of("mlp (from operands a b)") == "mlp"
+    assert profile.part_of(None) == "unmapped"
 
 
 def test_cli_help(capsys):
@@ -88,3 +90,19 @@ def test_cli_help(capsys):
         harness.parse_args(["--help"])
     assert e.value.code == 0
     assert "--contexts" in capsys.readouterr().out
+
+
+def test_hlo_index_shares_deduplicated_kernels():
+    hlo = "\n".join([
+        'ENTRY %main (p0: bf16[8,4], p1: bf16[8,4]) -> bf16[4] {',
+        '  %w_attn = bf16[8,4]{1,0} parameter(0), metadata={op_name="params[\'layers\'][3][\'self_attn\'][\'o_proj\'].value"}',
+        '  %w_gdn = bf16[8,4]{1,0} parameter(1), metadata={op_name="params[\'layers\'][0][\'linear_attn\'][\'out_proj\'].value"}',
+        '  %gemm_fusion_dot.1 = bf16[4]{0} fusion(%w_gdn), kind=kCustom, calls=%c1, '
+        'metadata={op_name="jit(step)/gdn/dot_general" deduplicated_name="gemm_fusion_dot.1"}',
+        '  %gemm_fusion_dot.2 = bf16[4]{0} fusion(%w_attn), kind=kCustom, calls=%c1, '
+        'metadata={deduplicated_name="gemm_fusion_dot.1"}',
+        '}'])
+    idx = profile.HloIndex(hlo)
+    assert idx.name("gemm_fusion_dot_2") == "gemm_fusion_dot.2"
+    assert profile.part_of(idx.op_name("gemm_fusion_dot.2")) == "attn"      # from the weight it reads
+    assert idx.shares("gemm_fusion_dot.1") == {"gdn": 0.5, "attn": 0.5}
