@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--no-thinking", action="store_true", help="with --chat: close the <think> block empty")
     p.add_argument("--method", choices=METHODS, default="ar", help="decoding method (default: %(default)s)")
-    p.add_argument("--draft", help="DFlash drafter directory (config.json + model.safetensors), for --method dflash")
+    p.add_argument("--draft", help="DFlash drafter: its Hugging Face directory (config.json + model.safetensors) or one written by "
+                   "`python -m convert drafter`; for --method dflash")
     p.add_argument("--block-size", type=int, default=None,
                    help="DFlash block size: tokens per verified chain (default: the drafter's)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
@@ -81,8 +82,13 @@ def main(argv=None) -> int:
             cfg = cfg.replace(dtype=args.dtype)
         model = Qwen35(cfg, rngs=nnx.Rngs(args.seed))
     else:
+        from convert.hf import CheckpointError
         from convert.store import load_model
-        model = load_model(args.model, dtype=args.dtype)
+        from jaxspec.config import ConfigError
+        try:
+            model = load_model(args.model, dtype=args.dtype)
+        except (ConfigError, CheckpointError) as e:
+            parser().error(f"--model {args.model}: {e}")
     tok = load_tokenizer(args.model)
     ids = tok.chat(args.prompt, not args.no_thinking) if args.chat else tok.encode(args.prompt)
     if not ids:
@@ -93,11 +99,12 @@ def main(argv=None) -> int:
     speculator = None
     if args.method == "dflash":
         from convert.drafter import load_draft
+        from convert.hf import CheckpointError
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash
         try:
             speculator = DFlash(load_draft(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size)
-        except ConfigError as e:
+        except (ConfigError, CheckpointError) as e:
             parser().error(f"--draft {args.draft}: {e}")
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)
     print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {args.method}; prompt {len(ids)} tokens]",

@@ -63,6 +63,16 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     assert "acceptance histogram" in dflash.err and "12 tokens" in dflash.err
 
 
+def test_bad_model_dirs(dirs, tmp_path, capsys):
+    target, draft = dirs
+    with pytest.raises(SystemExit):
+        main(["--model", str(tmp_path)])
+    assert "no *.safetensors" in capsys.readouterr().err
+    with pytest.raises(SystemExit):   # a drafter is not a target, and the reverse
+        main(["--model", str(target), "--method", "dflash", "--draft", str(target)])
+    assert "--draft" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "0"], "top-p"),
