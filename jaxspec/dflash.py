@@ -1,6 +1,8 @@
-"""DFlash speculation on the one engine: the drafter proposes a chain [anchor, d1 .. d_{B-1}] in one
-pass; the engine verifies it, accepts (longest matching prefix, or rejection sampling) and commits;
-the taps of the accepted rows become the drafter's next context rows."""
+"""DFlash and DDTree speculation on the one engine. One drafter pass gives per-depth distributions for
+the block [anchor, MASK x (B-1)]; DFlash proposes their chain [anchor, d1 .. d_{B-1}], DDTree the
+`budget` most probable prefixes as a tree. The engine verifies, accepts (walk along the target's
+choice, or rejection sampling on a sampled chain) and commits; the taps of the accepted nodes become
+the drafter's next context rows."""
 
 from __future__ import annotations
 
@@ -11,22 +13,28 @@ from flax import nnx
 from jaxspec import tree as trees
 from jaxspec.config import ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, init_cache
+from jaxspec.ddtree import build_tree
 from jaxspec.drafter_config import check_pair
 from jaxspec.engine import Proposal, Speculator
 from jaxspec.sampling import log_probs
 
 
 class DFlash(Speculator):
-    name = "dflash"
+    """DFlash (budget None) or DDTree (budget B: a tree of B + 1 nodes, depth <= block_size - 1)."""
 
-    def __init__(self, drafter: Drafter, target: TargetConfig, block_size: int | None = None):
+    def __init__(self, drafter: Drafter, target: TargetConfig, block_size: int | None = None,
+                 budget: int | None = None):
         cfg = drafter.cfg
         check_pair(cfg, target)
         bs = cfg.block_size if block_size is None else int(block_size)
         if not 2 <= bs <= cfg.block_size:
             raise ConfigError(f"--block-size {bs}: must be in [2, {cfg.block_size}] (the drafter was trained "
                               f"with blocks of {cfg.block_size})")
-        self.cfg, self.tree_size, self.taps = cfg, bs, tuple(cfg.target_layer_ids)
+        if budget is not None and budget < 1:
+            raise ConfigError(f"--budget {budget}: must be >= 1")
+        self.cfg, self.block_size, self.budget, self.taps = cfg, bs, budget, tuple(cfg.target_layer_ids)
+        self.name = "dflash" if budget is None else "ddtree"
+        self.tree_size = bs if budget is None else budget + 1
         self.graphdef, self.params = nnx.split(drafter)
 
     def _drafter(self, params) -> Drafter:
@@ -40,15 +48,22 @@ class DFlash(Speculator):
 
     def propose(self, params, model, cache, pending, key, sampling):
         logits = self._drafter(params).draft(cache, pending, model.embed_tokens[...], model.unembedding(),
-                                             self.tree_size)                            # [B, bs-1, V]
+                                             self.block_size)                           # [B, bs-1, V]
         b = pending.shape[0]
+        if self.budget is not None:
+            # Greedy verification only needs the drafter's own ranking; sampled verification walks
+            # independent per-node samples of the target, so the tree may come from the same
+            # transformed distribution the target samples from.
+            logp = jax.nn.log_softmax(logits, -1) if sampling.greedy else log_probs(logits, sampling)
+            tree = build_tree(logp, pending, self.budget)
+            return Proposal(tree.tokens, tree.tree), cache
         if sampling.greedy:
             drafts, logq = jnp.argmax(logits, -1).astype(jnp.int32), None
         else:
             lq = log_probs(logits, sampling)
             drafts = jax.random.categorical(key, lq, -1).astype(jnp.int32)
             logq = jnp.concatenate([jnp.zeros_like(lq[:, :1]), lq], 1)                  # row 0: the anchor
-        return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, self.tree_size), logq)
+        return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, self.tree_size), logq), cache
 
     def update(self, params, model, cache, taps, path, n):
         # The accepted rows' taps are exact (the verify was), so they are the next context rows.

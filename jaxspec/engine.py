@@ -96,7 +96,8 @@ class Speculator:
         """After a prefill piece: taps [B, P, len(taps), D] of which the first n[b] rows are committed."""
         return draft
 
-    def propose(self, params, model, draft, pending, key, sampling: Sampling) -> Proposal:
+    def propose(self, params, model, draft, pending, key, sampling: Sampling) -> tuple[Proposal, Any]:
+        """The tree to verify, and the drafter state (which may remember what it proposed)."""
         raise NotImplementedError
 
     def update(self, params, model, draft, taps, path, n):
@@ -110,7 +111,7 @@ class AR(Speculator):
     name = "ar"
 
     def propose(self, params, model, draft, pending, key, sampling):
-        return Proposal(pending[:, None], trees.chain(pending.shape[0], 1))
+        return Proposal(pending[:, None], trees.chain(pending.shape[0], 1)), draft
 
 
 @jax.tree_util.register_dataclass
@@ -136,6 +137,7 @@ class Result:
     decode_s: float
     rounds: np.ndarray
     hist: np.ndarray       # [tree_size + 1] rounds by tokens emitted, summed over the batch
+    final: Decoding        # the device state after the last round (drafter state included)
 
     @property
     def n_tokens(self) -> int:
@@ -183,7 +185,7 @@ class Engine:
     def _round(self, params, d: Decoding, max_new: int) -> Decoding:
         model = self._model(params)
         key, k_draft, k_accept = jax.random.split(d.key, 3)
-        prop = self.spec.propose(params[1], model, d.draft, d.pending, k_draft, self.sampling)
+        prop, draft = self.spec.propose(params[1], model, d.draft, d.pending, k_draft, self.sampling)
         tokens, tr = prop.tokens, prop.tree
         logits, taps, state, pend = model(tokens, d.state, tr, taps=self.spec.taps)
         if prop.logq is not None and not self.sampling.greedy:
@@ -192,7 +194,7 @@ class Engine:
             path, n, bonus = accept(tr, tokens, choose(k_accept, logits, self.sampling))
         n_commit = jnp.where(d.done, 0, n)  # finished sequences keep their state
         state = commit(self.cfg, state, pend, tr, path, n_commit)
-        draft = self.spec.update(params[1], model, d.draft, taps, path, n_commit)
+        draft = self.spec.update(params[1], model, draft, taps, path, n_commit)
         # Emitted this round: the accepted drafts (path[1:n]) then the bonus.
         b, nn = tokens.shape
         k = jnp.arange(nn, dtype=jnp.int32)[None]
@@ -285,4 +287,4 @@ class Engine:
         n_out, out = np.asarray(d.n_out), np.asarray(d.out)
         t2 = time.perf_counter()
         return Result([out[i, :n_out[i]].tolist() for i in range(b)], t1 - t0, t2 - t1, np.asarray(d.rounds),
-                      np.asarray(d.hist).sum(0))
+                      np.asarray(d.hist).sum(0), d)

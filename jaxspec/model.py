@@ -266,7 +266,8 @@ class Qwen35(nnx.Module):
         return init_state(self.cfg, batch, max_len)
 
     def embed(self, tokens):
-        return jnp.take(self.embed_tokens[...], tokens, axis=0)
+        # Invalid tree nodes carry token -1 (never accepted); any row will do for them.
+        return jnp.take(self.embed_tokens[...], jnp.clip(tokens, 0, self.cfg.vocab_size - 1), axis=0)
 
     def unembedding(self):
         """The lm_head kernel [D, V] (the embedding's transpose when tied); the drafter shares it."""

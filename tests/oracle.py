@@ -41,7 +41,55 @@ class OracleChain(Speculator):
             bad = jax.random.randint(k1, (b, 1), 1, n + 1)            # depth of the corrupted node
             wrong = (drafts + jax.random.randint(k2, drafts.shape, 1, self.vocab)) % self.vocab
             drafts = jnp.where(jnp.arange(1, n)[None] == bad, wrong, drafts)
-            return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, n))
+            return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, n)), pos
         logq = jax.nn.log_softmax(2.0 * jax.random.normal(k1, (b, n, self.vocab)), -1)
         drafts = jax.random.categorical(k2, logq[:, 1:], -1).astype(jnp.int32)
-        return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, n), logq)
+        return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, n), logq), pos
+
+
+class OracleTree(Speculator):
+    """DDTree with oracle marginals: at depth d the target's true continuation ref[pos + d] is put at
+    rank 0, 1, 2 (probabilities 0.5, 0.2, 0.15) or far down (0.15) of an otherwise random per-depth
+    distribution, and the tree of `budget` best prefixes is built from them exactly as for DFlash
+    drafts. True tokens at rank > 0 sit on sibling branches, so accepted paths leave the spine (the
+    chain of per-depth argmaxes); the state counts those off-spine acceptances."""
+
+    name = "oracle-tree"
+
+    def __init__(self, depth: int, budget: int, vocab: int, ref):
+        self.depth, self.budget, self.vocab, self.ref = depth, budget, vocab, ref
+        self.tree_size = budget + 1
+
+    def init(self, batch, max_len):
+        z = jnp.zeros((batch,), jnp.int32)
+        return dict(pos=z, off_spine=z, spine=jnp.zeros((batch, self.tree_size), bool))
+
+    def start(self, params, model, st, taps, n):
+        return {**st, "pos": st["pos"] + n}
+
+    def update(self, params, model, st, taps, path, n):
+        k = jnp.arange(path.shape[1])[None]
+        on = jnp.take_along_axis(st["spine"], path, 1)
+        off = ((k >= 1) & (k < n[:, None]) & ~on).sum(1)
+        return {**st, "pos": st["pos"] + n, "off_spine": st["off_spine"] + off}
+
+    def propose(self, params, model, st, pending, key, sampling):
+        from jaxspec.ddtree import build_tree
+        b, d, v = pending.shape[0], self.depth, self.vocab
+        k1, k2 = jax.random.split(key)
+        ref = jnp.asarray(self.ref)
+        idx = jnp.clip(st["pos"][:, None] + jnp.arange(1, d + 1), 0, ref.shape[1] - 1)
+        true = jnp.take_along_axis(ref, idx, 1)                                     # [B, D]
+        logits = jax.random.normal(k1, (b, d, v))
+        onehot = jax.nn.one_hot(true, v, dtype=bool)
+        others = jnp.sort(jnp.where(onehot, -jnp.inf, logits), -1)[..., ::-1]      # without the true token
+        rank = jax.random.choice(k2, jnp.array([0, 1, 2, min(v - 2, 40)]), (b, d), p=jnp.array([.5, .2, .15, .15]))
+        val = jnp.take_along_axis(others, rank[..., None], -1)[..., 0] + 1e-3       # just above rank `rank`
+        logits = jnp.where(onehot, val[..., None], logits)
+        tree = build_tree(jax.nn.log_softmax(logits, -1), pending, self.budget)
+        top = jnp.argmax(logits, -1)                                                # [B, D] the spine
+        depth = tree.tree.depth
+        is_top = (jnp.take_along_axis(top, jnp.clip(depth - 1, 0, d - 1), 1) == tree.tokens) | (depth == 0)
+        # A node is on the spine when it and all its ancestors are their depth's argmax.
+        spine = (~is_top[:, None, :] & tree.tree.anc).sum(-1) == 0
+        return Proposal(tree.tokens, tree.tree), {**st, "spine": spine}

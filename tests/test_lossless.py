@@ -8,7 +8,7 @@ from conftest import make_causal_lm
 from convert.hf import load_target
 from jaxspec.engine import Engine
 from jaxspec.sampling import Sampling
-from oracle import OracleChain
+from oracle import OracleChain, OracleTree
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +67,23 @@ def test_sampled_chain_matches_ar_distribution(tmp_path):
     # The test has power: a different temperature is detected.
     other = Engine(model, sampling=Sampling(temperature=0.7, top_k=5, top_p=0.95)).generate(prompts, 3, seed=2)
     assert _chi2_exceeds(ar, other.tokens, vocab)
+
+
+@pytest.mark.parametrize("budget,depth", [(1, 4), (6, 3), (24, 7)])
+def test_greedy_tree_is_token_identical_to_ar(target, budget, depth):
+    """DDTree trees through the same engine: token-identical to AR, with sibling branches accepted."""
+    rs = np.random.RandomState(100 + budget)
+    prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 70, 41, 9, 17)]
+    n_new = 48
+    ar = Engine(target).generate(prompts, n_new)
+    ref = [p + t + [0] * (depth + 1) for p, t in zip(prompts, ar.tokens)]
+    width = max(map(len, ref))
+    ref = np.array([r + [0] * (width - len(r)) for r in ref], np.int32)
+    out = Engine(target, OracleTree(depth, budget, 512, ref)).generate(prompts, n_new, seed=budget, rounds_per_call=5)
+    assert out.tokens == ar.tokens
+    off_spine = int(np.asarray(out.final.draft["off_spine"]).sum())
+    if budget == 1:
+        assert off_spine == 0           # a one-node tree is the spine
+    else:
+        assert off_spine > 0, "no sibling branch was ever accepted"
+    assert out.tau > 1.0 and out.hist[1:depth + 2].sum() == out.hist.sum()
