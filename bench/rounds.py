@@ -1,0 +1,208 @@
+"""Speculative rounds at any shape, on the one engine: AR step, DFlash draft / verify(16) /
+accept+commit / round, DDTree tree build / verify(B+1) / accept+commit / round, each against the AR
+step of the same run. Random weights made on the device (`bench.harness.build_params`).
+
+    python -m bench.rounds --config real --context 1024 --budgets 16,32,64,128,256,512 --out r.json
+
+Phase timings are back to back (K calls issued, then one sync; per call = total / K), which is how
+they run inside the engine's device loop; rounds run inside the engine's own `while_loop`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bench import harness as H
+from jaxspec import drafter as DR
+from jaxspec import model as M
+from jaxspec import tree as trees
+from jaxspec.ddtree import build_tree
+from jaxspec.dflash import DFlash
+from jaxspec.drafter_config import DrafterConfig, qwen36_27b_dflash
+from jaxspec.engine import Decoding, Engine, accept
+from jaxspec.sampling import Sampling, choose
+
+
+def log(msg):
+    print(f"[rounds {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tiny_drafter(cfg) -> DrafterConfig:
+    return DrafterConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=96, num_heads=4,
+                         num_kv_heads=2, head_dim=16, layer_types=("sliding_attention", "full_attention"),
+                         rope_theta=1e7, target_layer_ids=(0, 1), mask_token_id=cfg.vocab_size - 1, block_size=16,
+                         sliding_window=64, dtype=cfg.dtype)
+
+
+def random_params(module_fn, seed):
+    graphdef, abstract = nnx.split(nnx.eval_shape(module_fn))
+    leaves, treedef = jax.tree.flatten(abstract)
+    key = jax.random.key(seed)
+    params = jax.tree.unflatten(treedef, [H._normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype), 0.02)
+                                          for i, x in enumerate(leaves)])
+    return nnx.merge(graphdef, params)
+
+
+def random_cache(dcfg, batch, max_len, length, seed=5):
+    abstract = jax.eval_shape(lambda: DR.init_cache(dcfg, batch, max_len))
+    key = jax.random.key(seed)
+    rnd = lambda i, x: H._normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype), 1.0)
+    n = len(abstract.keys)
+    return DR.DrafterCache(jnp.full((batch,), length, jnp.int32), tuple(rnd(i, x) for i, x in enumerate(abstract.keys)),
+                           tuple(rnd(n + i, x) for i, x in enumerate(abstract.values)))
+
+
+def back_to_back(fn, args, k=20, warmup=3):
+    """Median over 5 repeats of (k calls issued back to back, then one sync) / k, in ms."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    per = []
+    for _ in range(5):
+        t = time.perf_counter()
+        out = None
+        for _ in range(k):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        per.append((time.perf_counter() - t) * 1e3 / k)
+    return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=k)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.rounds", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
+    ap.add_argument("--context", type=int, default=1024, help="committed tokens before the timed rounds")
+    ap.add_argument("--budgets", default="16,32,64,128,256,512", help="DDTree budgets for tree build timing")
+    ap.add_argument("--round-budget", type=int, default=64, help="DDTree budget of the timed round")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
+    ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    _, cfg = H.resolve_config(args.config, "bfloat16")
+    dcfg = qwen36_27b_dflash() if args.config == "real" else tiny_drafter(cfg)
+    budgets = [int(b) for b in args.budgets.split(",") if b]
+    bs, ctx = dcfg.block_size, args.context
+    max_len = ctx + 64 * args.rounds * 8 + 1100
+    result = dict(kind="rounds", config=args.config, context=ctx, block_size=bs, git=H.git_info(),
+                  machine=H.machine_info(), versions=H.versions(),
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(), phases={})
+    ph = result["phases"]
+    log(f"devices {jax.devices()}")
+    result["copy"] = H.measure_copy(2.0 if args.config == "real" else 0.01, 5)
+    t = time.perf_counter()
+    model = random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
+    drafter = random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
+    jax.block_until_ready((nnx.state(model), nnx.state(drafter)))
+    log(f"random weights in {time.perf_counter() - t:.1f}s")
+    pb = H.param_bytes(cfg, nnx.state(model))
+    result["weight_bytes_per_step"] = pb["decode_weight_bytes"]
+    result["roofline_ms_at_4.30TB_s"] = pb["decode_weight_bytes"] / 4.30e12 * 1e3
+    gd, tp = nnx.split(model)
+    dgd, dp = nnx.split(drafter)
+    pending = jnp.ones((1,), jnp.int32)
+
+    # AR step, back to back and inside the engine's device loop.
+    step = jax.jit(H.make_decode_step(gd, cfg, 1), donate_argnums=(1,))
+    st = H.random_state(cfg, 1, max_len, ctx)
+    tok = jnp.ones((1, 1), jnp.int32)
+    for _ in range(3):
+        st, tok = step(tp, st, tok)
+    jax.block_until_ready(st)
+    per = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(args.k):
+            st, tok = step(tp, st, tok)
+        jax.block_until_ready(tok)
+        per.append((time.perf_counter() - t) * 1e3 / args.k)
+    ph["ar_step"] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=args.k)
+    del st
+    log(f"ar_step {ph['ar_step']}")
+
+    def engine_rounds(spec, name):
+        eng = Engine(model, spec, Sampling())
+        st = H.random_state(cfg, 1, max_len, ctx)
+        cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
+        n = eng.spec.tree_size
+        big = 1 << 20
+        d = Decoding(st, cache, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32),
+                     jnp.zeros((1,), bool), jax.random.key(0), jnp.zeros((1, n + 1), jnp.int32),
+                     jnp.zeros((1,), jnp.int32))
+        # out has 8 slots: writes past it are dropped, which costs the same as keeping them.
+        d = eng._run(eng.params, d, big, args.rounds)
+        jax.block_until_ready(d)
+        per = []
+        for _ in range(4):
+            r0 = int(d.rounds[0])
+            t = time.perf_counter()
+            d = eng._run(eng.params, d, big, args.rounds)
+            jax.block_until_ready(d)
+            per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
+        hist = np.asarray(d.hist).sum(0)
+        ph[name] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=args.rounds,
+                        tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
+        log(f"{name} {ph[name]}")
+
+    engine_rounds(None, "ar_round_device_loop")
+
+    # DFlash phases.
+    cache = random_cache(dcfg, 1, max_len, ctx)
+    draft = jax.jit(lambda dp, tp, c, a: nnx.merge(dgd, dp).draft(c, a, nnx.merge(gd, tp).embed_tokens[...],
+                                                                   nnx.merge(gd, tp).unembedding(), bs))
+    ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
+    log(f"draft {ph['draft']}")
+    logits = draft(dp, tp, cache, pending)
+    del cache
+
+    fwd = jax.jit(lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids))
+
+    def accept_commit(tp, st, pend, tr, toks, lg):
+        path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
+        return M.commit(cfg, st, pend, tr, path, n), bonus
+    ac = jax.jit(accept_commit)
+
+    def verify_phases(toks, tr, name):
+        st = H.random_state(cfg, 1, max_len, ctx)
+        ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k)
+        lg, _, st2, pend = fwd(tp, toks, st, tr)
+        ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k)
+        log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
+
+    chain_toks = jnp.concatenate([pending[:, None], jnp.argmax(logits, -1).astype(jnp.int32)], 1)
+    verify_phases(chain_toks, trees.chain(1, bs), f"chain{bs}")
+    engine_rounds(DFlash(drafter, cfg), "dflash_round")
+
+    # DDTree phases.
+    logp = jax.nn.log_softmax(logits, -1)
+    ph["tree_build"] = {}
+    for b in budgets:
+        f = jax.jit(lambda lp, a, b=b: build_tree(lp, a, b))
+        ph["tree_build"][str(b)] = back_to_back(f, (logp, pending), args.k)
+    log(f"tree_build {ph['tree_build']}")
+    tr = build_tree(logp, pending, args.round_budget)
+    verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
+    engine_rounds(DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
+
+    ar = ph["ar_step"]["median_ms"]
+    result["vs_ar_step"] = {k: v["median_ms"] / ar for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}
+    result["vs_roofline"] = {k: v["median_ms"] / result["roofline_ms_at_4.30TB_s"]
+                             for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
