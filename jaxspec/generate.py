@@ -13,7 +13,7 @@ import time
 from jaxspec.config import FULL, LINEAR, TargetConfig
 from jaxspec.sampling import Sampling
 
-METHODS = ("ar", "dflash")
+METHODS = ("ar", "dflash", "ddtree")
 
 
 def tiny_random_config() -> TargetConfig:
@@ -37,7 +37,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="DFlash drafter: its Hugging Face directory (config.json + model.safetensors) or one written by "
                    "`python -m convert drafter`; for --method dflash")
     p.add_argument("--block-size", type=int, default=None,
-                   help="DFlash block size: tokens per verified chain (default: the drafter's)")
+                   help="DFlash/DDTree block size: the anchor plus block_size - 1 drafted depths "
+                        "(default: the drafter's)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="DDTree: draft tree nodes beyond the root (default: 64)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
                    help="context length to allocate (default: prompt + max-new-tokens + tree size)")
@@ -61,10 +64,16 @@ def main(argv=None) -> int:
         parser().error(str(e))
     if args.max_new_tokens < 1:
         parser().error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.method == "dflash" and not args.draft:
-        parser().error("--method dflash needs --draft DIR (a DFlash drafter checkpoint)")
-    if args.method == "ar" and (args.draft or args.block_size):
-        parser().error("--draft/--block-size only apply to --method dflash")
+    if args.method in ("dflash", "ddtree") and not args.draft:
+        parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
+    if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size):
+        parser().error("--draft/--block-size only apply to --method dflash or ddtree")
+    if args.budget is not None and args.method != "ddtree":
+        parser().error("--budget only applies to --method ddtree")
+    if args.method == "ddtree" and args.budget is None:
+        args.budget = 64
+    if args.budget is not None and args.budget < 1:
+        parser().error(f"--budget must be >= 1, got {args.budget}")
 
     from flax import nnx
 
@@ -97,13 +106,14 @@ def main(argv=None) -> int:
         parser().error(f"tokenizer {tok.name} produced id {max(ids)} >= the model's vocab_size {model.cfg.vocab_size}")
     stops = () if args.ignore_eos else tuple(set(model.cfg.eos_token_ids) | set(tok.eos_ids))
     speculator = None
-    if args.method == "dflash":
+    if args.method in ("dflash", "ddtree"):
         from convert.drafter import load_draft
         from convert.hf import CheckpointError
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash
         try:
-            speculator = DFlash(load_draft(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size)
+            speculator = DFlash(load_draft(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size,
+                                budget=args.budget)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--draft {args.draft}: {e}")
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)

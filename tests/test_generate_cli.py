@@ -61,6 +61,9 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     dflash = capsys.readouterr()
     assert dflash.out == ar.out               # greedy DFlash prints exactly the AR text
     assert "acceptance histogram" in dflash.err and "12 tokens" in dflash.err
+    assert main(args + ["--method", "ddtree", "--draft", str(draft), "--budget", "9"]) == 0
+    ddtree = capsys.readouterr()
+    assert ddtree.out == ar.out and "method ddtree" in ddtree.err
 
 
 def test_bad_model_dirs(dirs, tmp_path, capsys):
@@ -79,6 +82,8 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--max-new-tokens", "0"], "max-new-tokens"),
     (["--method", "dflash"], "--draft"),
     (["--block-size", "4"], "--draft/--block-size"),
+    (["--budget", "4"], "--budget only"),
+    (["--method", "ddtree"], "--draft"),
 ])
 def test_flag_errors(argv, words, capsys):
     with pytest.raises(SystemExit) as e:
