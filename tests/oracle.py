@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec import tree as trees
 from jaxspec.engine import Proposal, Speculator
+
+
+def reference(prompts, continuations, pad: int):
+    """[B, T] array of prompt + the target's own continuation (zero-padded): what oracles propose from."""
+    rows = [list(p) + list(t) + [0] * pad for p, t in zip(prompts, continuations)]
+    width = max(map(len, rows))
+    return np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
 
 
 class OracleChain(Speculator):
@@ -25,7 +33,7 @@ class OracleChain(Speculator):
     def init(self, batch, max_len):
         return jnp.zeros((batch,), jnp.int32)              # committed length, mirrored
 
-    def start(self, params, model, pos, taps, n):
+    def start(self, params, model, pos, taps, n, tokens):
         return pos + n
 
     def update(self, params, model, pos, taps, path, n):
@@ -64,7 +72,7 @@ class OracleTree(Speculator):
         z = jnp.zeros((batch,), jnp.int32)
         return dict(pos=z, off_spine=z, spine=jnp.zeros((batch, self.tree_size), bool))
 
-    def start(self, params, model, st, taps, n):
+    def start(self, params, model, st, taps, n, tokens):
         return {**st, "pos": st["pos"] + n}
 
     def update(self, params, model, st, taps, path, n):

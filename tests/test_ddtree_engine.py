@@ -15,7 +15,7 @@ from jaxspec.drafter import Drafter
 from jaxspec.engine import Engine
 from jaxspec.model import init_state
 from jaxspec.sampling import Sampling
-from oracle import OracleTree
+from oracle import OracleTree, reference
 from test_dflash import drafter_config
 from test_lossless import _chi2_exceeds
 
@@ -34,12 +34,6 @@ def small_vocab(tmp_path_factory):
     target.lm_head.kernel.set_value(target.lm_head.kernel[...] * 12.0)   # sharpen near-uniform logits
     drafter = Drafter(drafter_config(vocab_size=6, mask_token_id=5, block_size=3), rngs=nnx.Rngs(4))
     return target, drafter
-
-
-def _ref(prompts, tokens, pad):
-    rows = [p + t + [0] * pad for p, t in zip(prompts, tokens)]
-    width = max(map(len, rows))
-    return np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
 
 
 @pytest.mark.parametrize("budget", [1, 7, 30])
@@ -69,7 +63,7 @@ def test_stop_token_inside_an_accepted_path(tiny_hf):
     free = Engine(target).generate(prompts, 40).tokens
     stop = free[0][17]
     ar = Engine(target, stop_tokens=[stop]).generate(prompts, 40).tokens
-    spec = Engine(target, OracleTree(6, 20, 512, _ref(prompts, free, 8)), stop_tokens=[stop])
+    spec = Engine(target, OracleTree(6, 20, 512, reference(prompts, free, 8)), stop_tokens=[stop])
     out = spec.generate(prompts, 40, seed=3)
     assert out.tokens == ar and ar[0][-1] == stop and len(ar[0]) == 18
     assert out.tau > 1.5     # several tokens per round, so the stop token sat inside accepted paths
@@ -80,7 +74,7 @@ def test_context_nearly_full(tiny_hf):
     prompt = list(range(1, 30))
     budget, n_new = 12, 20
     free = Engine(target).generate([prompt], n_new).tokens
-    spec = Engine(target, OracleTree(5, budget, 512, _ref([prompt], free, 8)))
+    spec = Engine(target, OracleTree(5, budget, 512, reference([prompt], free, 8)))
     need = len(prompt) + n_new + budget + 1
     assert spec.generate([prompt], n_new, max_len=need).tokens == free
     with pytest.raises(ValueError, match="exceeds the context"):

@@ -8,7 +8,7 @@ from conftest import make_causal_lm
 from convert.hf import load_target
 from jaxspec.engine import Engine
 from jaxspec.sampling import Sampling
-from oracle import OracleChain, OracleTree
+from oracle import OracleChain, OracleTree, reference
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +22,7 @@ def test_greedy_chain_is_token_identical_to_ar(target, block):
     prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 70, 41, 9, 17, 55, 33)]
     n_new = 8 * block + 8   # enough rounds that every acceptance length occurs
     ar = Engine(target).generate(prompts, n_new)
-    ref = [p + t + [0] * block for p, t in zip(prompts, ar.tokens)]
-    width = max(map(len, ref))
-    ref = np.array([r + [0] * (width - len(r)) for r in ref], np.int32)
+    ref = reference(prompts, ar.tokens, block)
     spec = Engine(target, OracleChain(block, 512, ref=ref))
     out = spec.generate(prompts, n_new, seed=block, rounds_per_call=7)
     assert out.tokens == ar.tokens
@@ -76,9 +74,7 @@ def test_greedy_tree_is_token_identical_to_ar(target, budget, depth):
     prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 70, 41, 9, 17)]
     n_new = 48
     ar = Engine(target).generate(prompts, n_new)
-    ref = [p + t + [0] * (depth + 1) for p, t in zip(prompts, ar.tokens)]
-    width = max(map(len, ref))
-    ref = np.array([r + [0] * (width - len(r)) for r in ref], np.int32)
+    ref = reference(prompts, ar.tokens, depth + 1)
     out = Engine(target, OracleTree(depth, budget, 512, ref)).generate(prompts, n_new, seed=budget, rounds_per_call=5)
     assert out.tokens == ar.tokens
     off_spine = int(np.asarray(out.final.draft["off_spine"]).sum())
