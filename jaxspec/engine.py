@@ -25,22 +25,24 @@ from jaxspec.sampling import Sampling, choose, log_probs
 def accept(tree: trees.Tree, tokens, target_choice):
     """Walk from the root along the target's own choice: at node `cur` go to the child whose token is
     target_choice[cur]; stop when there is none. Lossless for greedy and for independent per-node
-    samples. Returns path [B,N] (valid for k < n), n [B] >= 1, bonus [B]."""
-    b, n_nodes = tokens.shape
+    samples. Returns path [B,N] (valid for k < n; 0 beyond), n [B] >= 1, bonus [B].
 
-    def step(k, carry):
-        path, n, cur, alive = carry
-        want = jnp.take_along_axis(target_choice, cur[:, None], 1)
-        match = (tree.parent == cur[:, None]) & (tokens == want)
-        found = alive & match.any(1)
-        nxt = jnp.argmax(match, 1).astype(jnp.int32)
-        path = path.at[:, k].set(jnp.where(found, nxt, path[:, k]))
-        return path, n + found, jnp.where(found, nxt, cur), found
-
-    init = (jnp.zeros((b, n_nodes), jnp.int32), jnp.ones((b,), jnp.int32), jnp.zeros((b,), jnp.int32),
-            jnp.ones((b,), bool))
-    path, n, cur, _ = jax.lax.fori_loop(1, n_nodes, step, init)
-    bonus = jnp.take_along_axis(target_choice, cur[:, None], 1)[:, 0]
+    Computed without a loop (a sequential walk costs a kernel launch per depth on the GPU): a node is
+    on the path iff it and every ancestor match their parent's choice, taking the first matching
+    sibling where several would (never the case in DDTree trees or chains)."""
+    b, nn = tokens.shape
+    idx = jnp.arange(nn, dtype=jnp.int32)
+    match = (tokens == jnp.take_along_axis(target_choice, jnp.maximum(tree.parent, 0), 1)) & (tree.parent >= 0)
+    siblings = tree.parent[:, :, None] == tree.parent[:, None, :]
+    shadowed = (siblings & (idx[None, None, :] < idx[None, :, None]) & match[:, None, :]).any(-1)
+    ok = (match & ~shadowed) | (idx == 0)[None]
+    on = ~(tree.anc & ~ok[:, None, :]).any(-1)                                       # [B, N]
+    n = on.sum(1).astype(jnp.int32)
+    last = jnp.argmax(jnp.where(on, tree.depth, -1), 1)
+    rows = jnp.arange(b)[:, None]
+    path = jnp.zeros((b, nn), jnp.int32).at[rows, jnp.where(on, tree.depth, nn)].set(
+        jnp.broadcast_to(idx, (b, nn)), mode="drop")
+    bonus = jnp.take_along_axis(target_choice, last[:, None], 1)[:, 0]
     return path, n, bonus
 
 

@@ -106,3 +106,26 @@ def test_accept_walks_the_target_choice():
     assert int(n[0]) == 3 and path[0, :3].tolist() == [0, 2, 4] and int(bonus[0]) == 6
     path, n, bonus = accept(tr, tokens, jnp.array([[1, 0, 0, 0, 0, 0]]))
     assert int(n[0]) == 1 and int(bonus[0]) == 1
+
+
+def test_accept_equals_a_sequential_walk():
+    """The loop-free accept against the walk written out node by node, on random trees whose siblings
+    may share tokens (then the walk takes the first)."""
+    rs = np.random.RandomState(0)
+    for _ in range(200):
+        n = rs.randint(1, 12)
+        parent = np.array([-1] + [rs.randint(0, i) for i in range(1, n)])
+        tokens = rs.randint(0, 3, n)
+        choice = rs.randint(0, 3, n)
+        path, cur = [0], 0
+        while True:
+            kids = [j for j in range(n) if parent[j] == cur and tokens[j] == choice[cur]]
+            if not kids:
+                break
+            cur = kids[0]
+            path.append(cur)
+        tr = trees.from_parents(jnp.asarray(parent[None]))
+        got_path, got_n, bonus = accept(tr, jnp.asarray(tokens[None]), jnp.asarray(choice[None]))
+        assert int(got_n[0]) == len(path)
+        assert np.asarray(got_path[0, :len(path)]).tolist() == path
+        assert int(bonus[0]) == choice[cur]
