@@ -1,0 +1,67 @@
+"""Profile one verify forward of a tree (or chain) at any shape and charge its kernels to the model's
+parts (attention, GDN, MLP, ...), as `bench.harness --profile-steps` does for the AR step.
+
+    python -m bench.verify_profile --config real --nodes 65 --tree --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bench import harness as H
+from bench.rounds import random_params
+from jaxspec import model as M
+from jaxspec import tree as trees
+from jaxspec.ddtree import build_tree
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.verify_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--nodes", type=int, default=65)
+    ap.add_argument("--tree", action="store_true", help="a DDTree-shaped tree (default: a chain)")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--out", default=None, help="directory for the summary JSON and text")
+    args = ap.parse_args(argv)
+    _, cfg = H.resolve_config(args.config, "bfloat16")
+    model = random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
+    gd, tp = nnx.split(model)
+    n = args.nodes
+    if args.tree:
+        logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(1), (1, 15, cfg.vocab_size)), -1)
+        t = build_tree(logp, jnp.ones((1,), jnp.int32), n - 1)
+        toks, tr = t.tokens, t.tree
+    else:
+        toks, tr = jnp.ones((1, n), jnp.int32), trees.chain(1, n)
+    st = H.random_state(cfg, 1, args.context + 2 * n + 64, args.context)
+
+    def verify(tp, toks, st, tr):
+        logits, taps, st, pend = nnx.merge(gd, tp)(toks, st, tr)
+        return logits, pend
+
+    compiled, ct = H.compile_fn(verify, tp, toks, st, tr)
+    hlo = compiled.as_text()
+    mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
+    res = H.profile_steps(lambda: compiled(tp, toks, st, tr), args.steps, mod.group(1) if mod else "verify", hlo,
+                          None, "verify")
+    res.update(config=args.config, nodes=n, tree=args.tree, context=args.context, compile=ct,
+               git=H.git_info(), machine=H.machine_info())
+    text = json.dumps(res, indent=1, default=str)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"verify-{'tree' if args.tree else 'chain'}{n}.json").write_text(text)
+    print(text[:6000])
+
+
+if __name__ == "__main__":
+    main()
