@@ -1,6 +1,7 @@
 """Speculative rounds at any shape, on the one engine: AR step, DFlash draft / verify(16) /
-accept+commit / round, DDTree tree build / verify(B+1) / accept+commit / round, each against the AR
-step of the same run. Random weights made on the device (`bench.harness.build_params`).
+accept+commit / round, DDTree tree build / verify(B+1) / accept+commit / round, MTP head step / draft
+of k tokens / round (k = 1, 3, 5), each against the AR step of the same run. Random weights made on the
+device (`bench.harness.build_params`).
 
     python -m bench.rounds --config real --context 1024 --budgets 16,32,64,128,256,512 --out r.json
 
@@ -24,6 +25,7 @@ from flax import nnx
 from bench import harness as H
 from jaxspec import drafter as DR
 from jaxspec import model as M
+from jaxspec import mtp as MT
 from jaxspec import tree as trees
 from jaxspec.ddtree import build_tree
 from jaxspec.dflash import DFlash
@@ -61,6 +63,18 @@ def random_cache(dcfg, batch, max_len, length, seed=5):
                            tuple(rnd(n + i, x) for i, x in enumerate(abstract.values)))
 
 
+def random_mtp_cache(cfg, rows, batch, max_len, length, seed=6) -> MT.MTPCache:
+    """The MTP head's cache as if `length` tokens had been committed: rows 0..length-2 with random K/V,
+    the last committed row waiting for the pending token (as after prefill)."""
+    abstract = jax.eval_shape(lambda: MT.init_cache(cfg, batch, max_len, rows))
+    key = jax.random.key(seed)
+    rnd = lambda i, x: H._normal(jax.random.fold_in(key, i), x.shape, jnp.dtype(x.dtype), 1.0)
+    zeros = lambda x: jnp.zeros(x.shape, x.dtype)
+    return MT.MTPCache(jnp.full((batch,), length - 1, jnp.int32), rnd(0, abstract.keys), rnd(1, abstract.values),
+                       rnd(2, abstract.hidden), zeros(abstract.next_tok), jnp.ones((batch,), jnp.int32),
+                       zeros(abstract.drafts))
+
+
 def back_to_back(fn, args, k=20, warmup=3):
     """Median over 5 repeats of (k calls issued back to back, then one sync) / k, in ms."""
     for _ in range(warmup):
@@ -85,6 +99,7 @@ def main(argv=None):
     ap.add_argument("--round-budget", type=int, default=64, help="DDTree budget of the timed round")
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
     ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing")
+    ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -129,10 +144,11 @@ def main(argv=None):
     del st
     log(f"ar_step {ph['ar_step']}")
 
-    def engine_rounds(spec, name):
+    def engine_rounds(spec, name, cache=None):
         eng = Engine(model, spec, Sampling())
         st = H.random_state(cfg, 1, max_len, ctx)
-        cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
+        if cache is None:
+            cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
         n = eng.spec.tree_size
         big = 1 << 20
         d = Decoding(st, cache, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32),
@@ -192,6 +208,28 @@ def main(argv=None):
     tr = build_tree(logp, pending, args.round_budget)
     verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
     engine_rounds(DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
+
+    # MTP phases: the checkpoint's head (random weights at the target's shape), its cache at the context.
+    head = random_params(lambda: MT.MTPHead(cfg, rngs=nnx.Rngs(2)), 2)
+    result["mtp_head_bytes"] = H.param_bytes(cfg, nnx.state(head))["total"]
+    hgd, hp = nnx.split(head)
+    mc = random_mtp_cache(cfg, 2, 1, max_len, ctx)
+
+    def mtp_step(hp, tp, c, a):
+        # One recursive draft step: a head row at the context's end, then the shared lm_head.
+        t = nnx.merge(gd, tp)
+        o, _, _ = nnx.merge(hgd, hp)(t.embed(a[:, None]), c.hidden[:, :1], c.keys, c.values, c.length)
+        return jnp.einsum("bd,dv->bv", o[:, 0], t.unembedding())
+    ph["mtp_step"] = back_to_back(jax.jit(mtp_step), (hp, tp, mc, pending), args.k)
+    log(f"mtp_step {ph['mtp_step']}")
+    for k in [int(x) for x in args.mtp_tokens.split(",") if x]:
+        spec = MT.MTP(head, cfg, k)
+        mc = random_mtp_cache(cfg, spec.tree_size, 1, max_len, ctx)
+        propose = jax.jit(lambda hp, tp, c, a, key, spec=spec: spec.propose(hp, nnx.merge(gd, tp), c, a, key,
+                                                                             Sampling()))
+        ph[f"mtp_draft_k{k}"] = back_to_back(propose, (spec.params, tp, mc, pending, jax.random.key(0)), args.k)
+        log(f"mtp_draft_k{k} {ph[f'mtp_draft_k{k}']}")
+        engine_rounds(spec, f"mtp{k}_round", mc)
 
     ar = ph["ar_step"]["median_ms"]
     result["vs_ar_step"] = {k: v["median_ms"] / ar for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}

@@ -8,7 +8,7 @@ from jaxspec.config import FULL, TargetConfig
 # `model.X` (Qwen3_5ForCausalLM); `lm_head.weight` is top level in both.
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 VISUAL_PREFIX = "model.visual."
-MTP_PREFIX = "mtp."  # the multi-token-prediction head: not part of the target, kept for a later drafter
+MTP_PREFIX = "mtp."  # the multi-token-prediction head: not part of the target; convert/mtp.py loads it
 IGNORED_PREFIXES = (VISUAL_PREFIX, MTP_PREFIX)
 
 

@@ -43,7 +43,7 @@ class DFlash(Speculator):
     def init(self, batch, max_len):
         return init_cache(self.cfg, batch, max_len)
 
-    def start(self, params, model, cache, taps, n):
+    def start(self, params, model, cache, taps, n, tokens):
         return self._drafter(params).add_context(cache, taps, n)
 
     def propose(self, params, model, cache, pending, key, sampling):

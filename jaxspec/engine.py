@@ -94,8 +94,9 @@ class Speculator:
     def init(self, batch: int, max_len: int):
         return ()
 
-    def start(self, params, model, draft, taps, n):
-        """After a prefill piece: taps [B, P, len(taps), D] of which the first n[b] rows are committed."""
+    def start(self, params, model, draft, taps, n, tokens):
+        """After a prefill piece: taps [B, P, len(taps), D] of which the first n[b] rows are committed;
+        tokens [B, P] the piece's tokens (a drafter that pairs row t with token t+1, like MTP, needs them)."""
         return draft
 
     def propose(self, params, model, draft, pending, key, sampling: Sampling) -> tuple[Proposal, Any]:
@@ -181,7 +182,7 @@ class Engine:
         logits, taps, new, pend = model(tokens, state, tr, taps=self.spec.taps, logit_index=idx)
         path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
         new = commit(self.cfg, new, pend, tr, path, n)
-        draft = self.spec.start(params[1], model, draft, taps, n)
+        draft = self.spec.start(params[1], model, draft, taps, n, tokens)
         return logits, new, draft
 
     def _round(self, params, d: Decoding, max_new: int) -> Decoding:

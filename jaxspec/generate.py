@@ -13,7 +13,7 @@ import time
 from jaxspec.config import FULL, LINEAR, TargetConfig
 from jaxspec.sampling import Sampling
 
-METHODS = ("ar", "dflash", "ddtree")
+METHODS = ("ar", "dflash", "ddtree", "mtp")
 
 
 def tiny_random_config() -> TargetConfig:
@@ -41,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
                         "(default: the drafter's)")
     p.add_argument("--budget", type=int, default=None,
                    help="DDTree: draft tree nodes beyond the root (default: 64)")
+    p.add_argument("--mtp-tokens", type=int, default=None,
+                   help="MTP: tokens the checkpoint's own MTP head drafts per round (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
                    help="context length to allocate (default: prompt + max-new-tokens + tree size)")
@@ -74,6 +76,12 @@ def main(argv=None) -> int:
         args.budget = 64
     if args.budget is not None and args.budget < 1:
         parser().error(f"--budget must be >= 1, got {args.budget}")
+    if args.mtp_tokens is not None and args.method != "mtp":
+        parser().error("--mtp-tokens only applies to --method mtp")
+    if args.method == "mtp" and args.mtp_tokens is None:
+        args.mtp_tokens = 3
+    if args.mtp_tokens is not None and args.mtp_tokens < 1:
+        parser().error(f"--mtp-tokens must be >= 1, got {args.mtp_tokens}")
 
     from flax import nnx
 
@@ -116,6 +124,18 @@ def main(argv=None) -> int:
                                 budget=args.budget)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--draft {args.draft}: {e}")
+    if args.method == "mtp":
+        from jaxspec.mtp import MTP, MTPHead
+        if args.model is None:  # the random model gets a random head, so that the path runs out of the box
+            head = MTPHead(model.cfg, rngs=nnx.Rngs(args.seed + 1))
+        else:
+            from convert.hf import CheckpointError
+            from convert.mtp import load_mtp
+            try:
+                head = load_mtp(args.model, model.cfg, dtype=str(model.cfg.dtype))
+            except CheckpointError as e:
+                parser().error(f"--method mtp needs the checkpoint's MTP head: --model {args.model}: {e}")
+        speculator = MTP(head, model.cfg, args.mtp_tokens)
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)
     print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {args.method}; prompt {len(ids)} tokens]",
           file=sys.stderr)
