@@ -1,0 +1,95 @@
+"""Time the tree delta rule's implementations at the real GDN shape (48 value heads, Dk = Dv = 128).
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.tree_delta_rule.bench [--sweep] [--json out.json]
+
+Each timed call is one jit applying the op `--layers` times in sequence (unrolled like the model's 48
+GDN layers, each layer's state depending on the previous output so that nothing is hoisted), so
+launch overhead is amortised as in a decode step; reported per layer. `--sweep` adds the kernel's
+tuning variants (dot precision, value slice, key chunk, warps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
+
+
+def implementations(sweep: bool, on_gpu: bool):
+    impls = {"reference": reference.tree_delta_rule, "xla": xla.tree_delta_rule}
+    if not on_gpu:
+        return impls
+    impls["pallas_triton"] = pallas_triton.tree_delta_rule
+    if sweep:
+        for precision in sorted(pallas_triton.PRECISIONS):
+            for block_dv in (32, 64, 128):
+                for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):
+                    name = f"pallas_triton/{precision}/dv{block_dv}/kc{key_chunk}/w{num_warps}"
+                    impls[name] = functools.partial(pallas_triton.tree_delta_rule, precision=precision,
+                                                    block_dv=block_dv, key_chunk=key_chunk, num_warps=num_warps)
+    return impls
+
+
+def stacked(fn, layers):
+    def run(q, k, v, g, beta, anc, s0):
+        s, outs = s0, None
+        for _ in range(layers):
+            outs = fn(q, k, v, g, beta, anc, s)
+            s = s + 1e-6 * jnp.tanh(jnp.mean(outs[1]))   # the next layer depends on this one
+        return outs, s
+    return jax.jit(run)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=",".join(map(str, arg_specs.VERIFY_SIZES + (arg_specs.CHUNK_SIZE,))))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layers", type=int, default=48)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    rows = []
+    print(f"{jax.devices()[0].device_kind}; batch {a.batch}, {arg_specs.REAL_HEADS} heads, "
+          f"Dk = Dv = {arg_specs.REAL_DK}; per layer, median of {a.iters} calls of {a.layers} layers")
+    for n in map(int, a.sizes.split(",")):
+        spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, "tree")
+        args, _ = arg_specs.make_inputs(n, spec)
+        ref = None
+        for name, fn in implementations(a.sweep, on_gpu).items():
+            run = stacked(fn, a.layers)
+            t0 = time.perf_counter()
+            try:
+                outs, _ = jax.block_until_ready(run(*args))
+            except Exception as e:  # a tuning variant that does not compile is a result, not a crash
+                print(f"N={n:4d} {name:45s} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
+                rows.append(dict(n=n, impl=name, error=str(e)[:500]))
+                continue
+            compile_s = time.perf_counter() - t0
+            times = []
+            for _ in range(a.iters):
+                t = time.perf_counter()
+                jax.block_until_ready(run(*args))
+                times.append(time.perf_counter() - t)
+            us = float(np.median(times)) / a.layers * 1e6
+            if ref is None:
+                ref = outs
+            err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs[:2], ref[:2]))
+            rows.append(dict(n=n, impl=name, us_per_layer=us, rel_err_vs_reference=err, compile_s=compile_s))
+            print(f"N={n:4d} {name:45s} {us:9.1f} us/layer  err {err:.1e}  compile {compile_s:.1f} s", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
+                           layers=a.layers, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

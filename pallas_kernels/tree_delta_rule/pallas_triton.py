@@ -1,0 +1,240 @@
+"""The tree delta rule as Pallas kernels with the Triton lowering.
+
+The block of N nodes is cut into tiles of T = 16 nodes (the smallest tile Triton's `dot` takes). The
+ancestor mask is lower-triangular (parents come before children), so every N x N matrix below is
+block lower-triangular and tile i needs only tiles j <= i. With E = diag(e^G), B = diag(beta),
+A = B (strict(D) * K K^T) and P = D * Q K^T, reference.py's
+
+    Delta = (I + A)^-1 B (V - E K S0)        O = E Q S0 + P Delta
+
+is regrouped, as in the chunked (WY/UT) form of the delta rule, into
+
+    Tb = (I + A)^-1 B      M = P Tb      Delta = Tb V - (Tb E K) S0      O = (E Q - M E K) S0 + M V
+
+* `_prepare_kernel` (a program per batch row and value head) does all that touches neither S0 nor V:
+  G, the Gram tiles, and the solve. Tb is built tile by tile by block forward substitution, the
+  diagonal tiles by forward substitution over their rows. Substitution, not a power series:
+  (I + A)^-1 = prod_m (I + A^(2^m)) loses everything to cancellation when keys are correlated and
+  decays weak (relative error 4e8 at N = 64, measured against float64).
+* `_apply_kernel` (a program per batch row, value head, slice of the value dim and node tile) forms
+  Tb E K and M E K for its tile a key chunk at a time, multiplies them into S0, and adds Tb V and M V.
+  Tiles do not depend on each other, so the work spreads over the SMs.
+
+Every value a program computes and reads again stays in its registers; anything read across tiles
+goes through the next kernel (reading back a program's own writes would need a barrier between its
+threads). Everything is kept small for ptxas: with the whole block's Delta tiles alive in one
+unrolled program, or the tile inverse as an scf.for with the tile as carry, ptxas 12.9 (sm_90a) fell
+back to 32 registers and spilled ~100 KB per thread at N = 65; as written, `_prepare_kernel` spills
+72 bytes there (860 with tf32x3) and `_apply_kernel` nothing (Triton 3.8 from pip; the H200 compiles
+with XLA's own Triton and ptxas, so measure there).
+
+The Triton lowering wants every loaded or computed array to have a power-of-two size, hence the tiles;
+the block only has to be a whole number of tiles (N = 65 runs as 80 rows, not 128). Small head dims
+are zero-padded to 16, which changes nothing: padded key dims add 0 to every dot product, padded
+value columns of V and S0 give zero columns of Delta and O, sliced off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+TILE = 16       # rows per tile: Triton's dot wants M, N, K >= 16
+MAX_N = 128     # _prepare unrolls (N/16)^2 / 2 tile pairs; larger trees go to the xla solver
+
+PRECISIONS = {
+    # fp32 FMA dots: the reference's own arithmetic.
+    "ieee": lax.Precision.HIGHEST,
+    # three tf32 tensor-core passes: about fp32 accuracy at a fraction of the FMA time.
+    "tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+}
+
+
+def supports(n: int) -> bool:
+    """Whether the kernels take a block of n nodes (the api falls back to the xla solver otherwise)."""
+    return 1 <= n <= MAX_N
+
+
+def _dot(a, b, precision, *, trans_b=False):
+    dims = (((1,), (1 if trans_b else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _decay(g_rows, g_cols, anc):
+    """exp(G_i - G_j) where j is an ancestor-or-self of i, else 0: from the difference (never
+    exp(G_i) * exp(-G_j), which overflows on long paths); the inner where keeps a non-ancestor's
+    difference, which may be large and positive, out of exp."""
+    on = anc > 0.5
+    return jnp.where(on, jnp.exp(jnp.where(on, g_rows[:, None] - g_cols[None, :], 0.0)), 0.0)
+
+
+def _unit_lower_inverse(a, rows_used):
+    """(I + a)^-1 for a strictly lower-triangular [T, T] tile, by forward substitution.
+
+    Row r of the inverse is e_r - sum_{j<r} a_rj row_j. Rows at or past `rows_used` (padding) have
+    zero rows in `a` and stay e_r. Unrolled (see the module docstring on ptxas).
+    """
+    t = a.shape[0]
+    r = lax.broadcasted_iota(jnp.int32, (t, t), 0)
+    c = lax.broadcasted_iota(jnp.int32, (t, t), 1)
+    inv = jnp.where(r == c, 1.0, 0.0).astype(jnp.float32)
+    for i in range(1, rows_used):
+        a_i = jnp.sum(jnp.where(r == i, a, 0.0), axis=0)          # row i of a, indexed by column
+        upd = jnp.sum(a_i[:, None] * inv, axis=0)                   # sum_j a_ij inv[j, :]
+        inv = inv - jnp.where(r == i, upd[None, :], 0.0)
+    return inv
+
+
+def _prepare_kernel(q_ref, k_ref, g_ref, beta_ref, anc_ref, G_ref, tb_ref, m_ref, *, n, precision, key_chunk):
+    dot = functools.partial(_dot, precision=precision)
+
+    def grams(ri, rj):
+        """K_i K_j^T and Q_i K_j^T, `key_chunk` key dims per step: an fp32 (FMA) dot holds a thread's
+        whole rows of both operands in registers, and a loop keeps the code small."""
+        def step(c, acc):
+            cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
+            k_j = k_ref[rj, cs]
+            return acc[0] + dot(k_ref[ri, cs], k_j, trans_b=True), acc[1] + dot(q_ref[ri, cs], k_j, trans_b=True)
+        zero = jnp.zeros((TILE, TILE), jnp.float32)
+        return lax.fori_loop(0, k_ref.shape[-1] // key_chunk, step, (zero, zero))
+
+    r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
+    c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
+    rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
+    G, Tb = [], {}
+    for i, ri in enumerate(rows):
+        # G_i = sum_j anc_ij g_j over the tiles j <= i (ancestors never come later).
+        G_i = sum(jnp.sum(anc_ref[ri, rj] * g_ref[rj][None, :], axis=1) for rj in rows[:i + 1])
+        G.append(G_i)
+        G_ref[ri] = G_i
+        beta_i = beta_ref[ri]
+        A, P = [], []
+        for j, rj in enumerate(rows[:i + 1]):
+            d_ij = _decay(G_i, G[j], anc_ref[ri, rj])
+            kk, qk = grams(ri, rj)
+            A.append(beta_i[:, None] * (d_ij * (jnp.where(r > c, kk, 0.0) if j == i else kk)))
+            P.append(d_ij * qk)
+        # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
+        inv_ii = _unit_lower_inverse(A[i], min(TILE, n - i * TILE))
+        for j, rj in enumerate(rows[:i]):
+            Tb[i, j] = -dot(inv_ii, sum(dot(A[l], Tb[l, j]) for l in range(j, i)))
+            tb_ref[ri, rj] = Tb[i, j]
+        Tb[i, i] = inv_ii * beta_i[None, :]
+        tb_ref[ri, ri] = Tb[i, i]
+        for j, rj in enumerate(rows[:i + 1]):
+            m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
+
+
+def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
+    """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
+    with the sums over j taken before the product with S0 (Tb E K and M E K, tile x key chunk), so
+    that each program multiplies S0 twice, not twice per tile j."""
+    dot = functools.partial(_dot, precision=precision)
+    i = pl.program_id(3)
+    ri = pl.ds(pl.multiple_of(i * TILE, TILE), TILE)
+    e_i = jnp.exp(G_ref[ri])[:, None]
+
+    def key_chunk_step(c, acc):
+        cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
+
+        def node_tile(j, wm):
+            rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
+            ek = jnp.exp(G_ref[rj])[:, None] * k_ref[rj, cs]
+            return wm[0] + dot(tb_ref[ri, rj], ek), wm[1] + dot(m_ref[ri, rj], ek)
+
+        zero = jnp.zeros((TILE, key_chunk), jnp.float32)
+        w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
+        s0 = s0_ref[cs, :]
+        return acc[0] - dot(w, s0), acc[1] + dot(e_i * q_ref[ri, cs] - mek, s0)
+
+    def value_step(j, acc):
+        rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
+        v_j = v_ref[rj, :]
+        return acc[0] + dot(tb_ref[ri, rj], v_j), acc[1] + dot(m_ref[ri, rj], v_j)
+
+    zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
+    acc = lax.fori_loop(0, k_ref.shape[-1] // key_chunk, key_chunk_step, (zero, zero))
+    delta, o = lax.fori_loop(0, i + 1, value_step, acc)
+    delta_ref[ri, :] = delta
+    o_ref[ri, :] = o
+
+
+def _pow2_at_least_16(d):
+    return max(16, pl.next_power_of_2(d))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision"))
+def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=64, key_chunk=32, num_warps=4,
+                    precision="ieee"):
+    """Same contract as reference.tree_delta_rule; fp32 throughout.
+
+    interpret: run the kernel bodies on the CPU (tests). block_dv: value columns per `_apply` program;
+    key_chunk: key dims per partial dot (both powers of two >= 16, clipped to the padded head dims).
+    precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
+    fp32 (XLA:CPU has no tf32).
+    """
+    b, n, h, dk = q.shape
+    dv = v.shape[-1]
+    if not supports(n):
+        raise ValueError(f"tree_delta_rule kernel takes 1..{MAX_N} nodes, got {n}")
+    f32 = jnp.float32
+    q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
+    nt = pl.cdiv(n, TILE)
+    n_pad = nt * TILE
+    dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
+    block_dv = min(_pow2_at_least_16(block_dv), dvp)
+    key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
+
+    def pad(x, widths):
+        return jnp.pad(x, widths) if any(w for _, w in widths) else x
+
+    # Padded nodes: zero q, k, v, g, beta and no ancestors, so they are inert (Delta = 0, O = 0, G = 0)
+    # and no real node sees them.
+    q = pad(q, [(0, 0), (0, n_pad - n), (0, 0), (0, dkp - dk)])
+    k = pad(k, [(0, 0), (0, n_pad - n), (0, 0), (0, dkp - dk)])
+    v = pad(v, [(0, 0), (0, n_pad - n), (0, 0), (0, dvp - dv)])
+    g = pad(jnp.moveaxis(g, 1, 2), [(0, 0), (0, 0), (0, n_pad - n)])          # [B, H, N]: contiguous per head
+    beta = pad(jnp.moveaxis(beta, 1, 2), [(0, 0), (0, 0), (0, n_pad - n)])
+    anc = pad(anc.astype(f32), [(0, 0), (0, n_pad - n), (0, n_pad - n)])
+    s0 = pad(s0, [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
+    prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
+    params = pltriton.CompilerParams(num_warps=num_warps)
+
+    head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi: (bi, hi) + (0,) * len(blk))
+    nodes = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi: (bi, 0, hi, 0))
+    tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
+    G, tb, m = pl.pallas_call(
+        functools.partial(_prepare_kernel, n=n, precision=prec, key_chunk=key_chunk),
+        out_shape=(jax.ShapeDtypeStruct((b, h, n_pad), f32),
+                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
+                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)),
+        grid=(b, h),
+        in_specs=[nodes, nodes, head(n_pad), head(n_pad), tree],
+        out_specs=[head(n_pad), head(n_pad, n_pad), head(n_pad, n_pad)],
+        compiler_params=params,
+        interpret=interpret,
+        name="tree_delta_rule_prepare",
+    )(q, k, g, beta, anc)
+
+    # grid: batch, value head, slice of the value dim, tile of nodes
+    keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi, 0))
+    vals = pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci, ti: (bi, 0, hi, ci))
+    per_head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi, ci, ti: (bi, hi) + (0,) * len(blk))
+    o, delta = pl.pallas_call(
+        functools.partial(_apply_kernel, precision=prec, key_chunk=key_chunk),
+        out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),
+                   jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32)),
+        grid=(b, h, dvp // block_dv, nt),
+        in_specs=[keys, keys, vals, pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci, ti: (bi, hi, 0, ci)),
+                  per_head(n_pad), per_head(n_pad, n_pad), per_head(n_pad, n_pad)],
+        out_specs=[vals, vals],
+        compiler_params=params,
+        interpret=interpret,
+        name="tree_delta_rule_apply",
+    )(q, k, v, s0, G, tb, m)
+    return o[:, :n, :, :dv], delta[:, :n, :, :dv], jnp.moveaxis(G, 1, 2)[:, :n]
