@@ -175,8 +175,10 @@ def test_dispatch(monkeypatch):
         api.resolve(65, "triton")
     monkeypatch.delenv(api.ENV_VAR)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve(1) == api.resolve(65) == api.resolve(pallas_triton.MAX_N) == "pallas_triton"
-    assert api.resolve(pallas_triton.MAX_N + 1) == "xla"  # larger trees: the xla solver
+    # The kernels stay opt-in until their GPU tests have passed on the H200.
+    assert api.resolve(1) == api.resolve(65) == "xla"
+    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
+    assert api.resolve(65) == "pallas_triton"
 
 
 def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
@@ -259,8 +261,8 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
 
 @on_gpu
 @pytest.mark.parametrize("n", arg_specs.VERIFY_SIZES)
-def test_gpu_default_dispatch_is_the_kernel(seed, n, monkeypatch):
-    monkeypatch.delenv(api.ENV_VAR, raising=False)
+def test_gpu_opt_in_dispatch_is_the_kernel(seed, n, monkeypatch):
+    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
     args, _ = make_inputs(seed, Spec(1, n, shape="tree", **REAL))
     fn = jax.jit(api.tree_delta_rule)
     hlo = fn.lower(*args).as_text()

@@ -2,8 +2,8 @@
 
 | implementation     | what                                                        | where by default  |
 | ------------------ | ----------------------------------------------------------- | ----------------- |
-| "pallas_triton"    | the Pallas kernels, Triton lowering (pallas_triton.py)      | GPU, 1..128 nodes |
-| "xla"              | jnp, triangular inverse by recursive doubling (xla.py)      | everywhere else   |
+| "pallas_triton"    | the Pallas kernels, Triton lowering (pallas_triton.py)      | never (yet)       |
+| "xla"              | jnp, triangular inverse by recursive doubling (xla.py)      | everywhere        |
 | "reference"        | jnp with solve_triangular: the spec (reference.py)          | never             |
 | "pallas_interpret" | the Pallas kernels' bodies run by the CPU interpreter        | never (tests)     |
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 
 from pallas_kernels.tree_delta_rule import pallas_triton, reference, xla
 
@@ -33,7 +32,7 @@ def resolve(n: int, implementation: str | None = None) -> str:
     """The implementation that `tree_delta_rule` runs for a block of n nodes."""
     name = implementation or os.environ.get(ENV_VAR) or None
     if name is None:
-        return "pallas_triton" if jax.default_backend() == "gpu" and pallas_triton.supports(n) else "xla"
+        return "xla"
     if name not in IMPLEMENTATIONS:
         source = "implementation" if implementation else ENV_VAR
         raise ValueError(f"{source}={name!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
