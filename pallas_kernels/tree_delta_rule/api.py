@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 
-
 from pallas_kernels.tree_delta_rule import pallas_triton, reference, xla
 
 ENV_VAR = "JAXSPEC_TREE_DELTA_RULE"
