@@ -7,11 +7,9 @@ The loader itself lives in convert/drafter.py; this module only holds the subcom
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 
-from convert.target import DTYPES
+from convert.target import add_io_arguments, convert_to
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -20,10 +18,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Convert a z-lab DFlash drafter checkpoint (config.json + one model.safetensors) into "
                     "OUT_DIR: config.json and the Flax params under params/ (Orbax). With --target, first "
                     "check that the drafter fits that target model.")
-    p.add_argument("hf_dir", metavar="HF_DRAFT_DIR", help="dir with config.json and model.safetensors")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="output dir; written atomically")
-    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="parameter dtype (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    add_io_arguments(p, "HF_DRAFT_DIR", "dir with config.json and model.safetensors")
     p.add_argument("--target", metavar="TARGET_DIR",
                    help="the target this drafter will run on (HF or converted dir; only its config.json is "
                         "read): refuse a drafter whose hidden size, vocabulary, tapped layers or mask token "
@@ -35,15 +30,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     # Imported here so that `--help` does not pay for importing jax.
     from convert.drafter import load_drafter, save_drafter
-    from convert.hf import CheckpointError
     from jaxspec.config import ConfigError, load_target_config
     from jaxspec.drafter_config import check_pair, load_drafter_config
 
-    t0 = time.perf_counter()
-    try:
-        # Fail before doing any work, as the target converter does.
-        if Path(args.out_dir).exists() and not args.overwrite:
-            raise FileExistsError(f"{args.out_dir}: already exists (pass --overwrite to replace it)")
+    def work():
         if args.target is not None:
             # Only the configs are needed, so a mismatch is reported before any weight is read.
             if not Path(args.target).exists():
@@ -54,9 +44,5 @@ def run(args) -> int:
             except ConfigError as e:
                 raise ConfigError(f"drafter {args.hf_dir} does not fit target {args.target}: {e}") from None
         drafter = load_drafter(args.hf_dir, dtype=args.dtype)
-        out = save_drafter(drafter, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
-    except (CheckpointError, ConfigError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"convert: wrote {out} ({args.dtype}, {time.perf_counter() - t0:.1f}s)", file=sys.stderr)
-    return 0
+        return save_drafter(drafter, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
+    return convert_to(args, work)

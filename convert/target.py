@@ -17,29 +17,43 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "Qwen3_5ForCausalLM, safetensors only) into OUT_DIR: config.json, tokenizer files, "
                     "the Flax params under params/ (Orbax) and the raw mtp.* tensors if present. "
                     "Vision weights are dropped.")
-    p.add_argument("hf_dir", metavar="HF_DIR", help="dir with config.json and *.safetensors (+ index)")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="output dir; written atomically")
-    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="parameter dtype (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    add_io_arguments(p, "HF_DIR", "dir with config.json and *.safetensors (+ index)")
     p.set_defaults(func=run)
     return p
 
 
-def run(args) -> int:
-    # Imported here so that `--help` does not pay for importing jax.
-    from convert.hf import CheckpointError, load_target
-    from convert.store import save_converted
+def add_io_arguments(p, hf_metavar: str, hf_help: str) -> None:
+    """The arguments every conversion takes."""
+    p.add_argument("hf_dir", metavar=hf_metavar, help=hf_help)
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output dir; written atomically")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="parameter dtype (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+
+
+def convert_to(args, work) -> int:
+    """Run `work()` (load + save, returning the written dir) with the shared CLI behaviour: refuse an
+    existing OUT_DIR before a conversion that can take minutes, report errors without a traceback."""
+    from convert.hf import CheckpointError
     from jaxspec.config import ConfigError
 
     t0 = time.perf_counter()
     try:
-        # Fail before a conversion that can take minutes, not after it.
         if Path(args.out_dir).exists() and not args.overwrite:
             raise FileExistsError(f"{args.out_dir}: already exists (pass --overwrite to replace it)")
-        model = load_target(args.hf_dir, dtype=args.dtype, progress=True)
-        out = save_converted(model, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
+        out = work()
     except (CheckpointError, ConfigError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"convert: wrote {out} ({args.dtype}, {time.perf_counter() - t0:.1f}s)", file=sys.stderr)
     return 0
+
+
+def run(args) -> int:
+    # Imported here so that `--help` does not pay for importing jax.
+    from convert.hf import load_target
+    from convert.store import save_converted
+
+    def work():
+        model = load_target(args.hf_dir, dtype=args.dtype, progress=True)
+        return save_converted(model, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
+    return convert_to(args, work)
