@@ -8,7 +8,6 @@ Parameter names follow the Hugging Face checkpoint (`convert/` maps them one to 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ from flax import nnx
 
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.tree import Tree, ancestor_at
+from pallas_kernels.tree_attention import tree_attention
 from pallas_kernels.tree_delta_rule import state_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
@@ -90,7 +90,6 @@ class Attention(nnx.Module):
         cfg = self.cfg
         b, n, _ = x.shape
         hd, kvh = cfg.head_dim, cfg.num_kv_heads
-        group = cfg.num_heads // kvh
         qg = self.q_proj(x).reshape(b, n, cfg.num_heads, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:]
         q = rope(self.q_norm(q), positions, cfg.rotary_dim, cfg.rope_theta)
@@ -101,16 +100,8 @@ class Attention(nnx.Module):
         keys = keys.at[rows, slots].set(k.astype(keys.dtype))
         values = values.at[rows, slots].set(v.astype(values.dtype))
 
-        # Visible: the committed prefix, and tree slots that are ancestors-or-self.
-        rel = jnp.arange(keys.shape[1], dtype=jnp.int32)[None, :] - start[:, None]          # [B,L]
-        in_tree = jnp.take_along_axis(tree.anc, jnp.clip(rel, 0, n - 1)[:, None, :].repeat(n, 1), 2)
-        visible = (rel < 0)[:, None, :] | ((rel < n)[:, None, :] & (rel >= 0)[:, None, :] & in_tree)
-
-        qh = q.reshape(b, n, kvh, group, hd)
-        scores = jnp.einsum("bnkgh,blkh->bkgnl", qh, keys).astype(jnp.float32) / math.sqrt(hd)
-        scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, -1).astype(values.dtype)
-        out = jnp.einsum("bkgnl,blkh->bnkgh", probs, values).reshape(b, n, cfg.num_heads * hd)
+        # Visible: the committed prefix, and tree slots that are ancestors-or-self (pallas_kernels/tree_attention).
+        out = tree_attention(q, keys, values, start, tree.anc).reshape(b, n, cfg.num_heads * hd)
         out = out * jax.nn.sigmoid(gate.reshape(b, n, -1)).astype(out.dtype)
         return self.o_proj(out.astype(x.dtype)), keys, values
 

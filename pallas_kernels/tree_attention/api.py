@@ -1,0 +1,48 @@
+"""The public tree attention: one contract (reference.tree_attention), several implementations.
+
+| implementation     | what                                                         | where by default |
+| ------------------ | ------------------------------------------------------------ | ---------------- |
+| "pallas_triton"    | the flash-decoding Pallas kernel, Triton lowering            | never (yet)      |
+| "reference"        | jnp over the whole cache (reference.py): the spec            | everywhere       |
+| "pallas_interpret" | the kernel's body run by the CPU interpreter                 | never (tests)    |
+
+An explicit `implementation=` wins; else the environment variable JAXSPEC_TREE_ATTENTION (read when the
+caller is traced, so it reaches jaxspec/model.py, which passes no argument); else "reference". The
+kernel stays opt-in until its GPU tests have passed on the H200. Shapes the kernel does not take
+(head_dim not a power of two >= 16, a cache shorter than 16 slots) run the reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pallas_kernels.tree_attention import pallas_triton, reference
+
+ENV_VAR = "JAXSPEC_TREE_ATTENTION"
+IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
+
+
+def resolve(implementation: str | None = None) -> str:
+    """The implementation that `tree_attention` runs."""
+    name = implementation or os.environ.get(ENV_VAR) or None
+    if name is None:
+        return "reference"
+    if name not in IMPLEMENTATIONS:
+        source = "implementation" if implementation else ENV_VAR
+        raise ValueError(f"{source}={name!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
+    return name
+
+
+def tree_attention(q, keys, values, start, anc, *, implementation: str | None = None):
+    """Attention of the N nodes of a tree over a sequence's cache (DESIGN.md section 2).
+
+    q: [B, N, H, hd] queries (RoPE applied); keys, values: [B, L, KV, hd], the cache with the tree's own
+    K/V already written at slots start .. start+N-1; start: [B] int32 committed length per sequence;
+    anc: [B, N, N] bool, anc[b, i, j] iff node j is an ancestor-or-self of node i. Node i sees the
+    committed prefix and its ancestors' slots. Returns [B, N, H, hd] in the values' dtype.
+    """
+    name = resolve(implementation)
+    args = (q, keys, values, start, anc)
+    if name != "reference" and pallas_triton.supports(q.shape, keys.shape):
+        return pallas_triton.tree_attention(*args, interpret=name == "pallas_interpret")
+    return reference.tree_attention(*args)

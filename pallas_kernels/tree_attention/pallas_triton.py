@@ -1,0 +1,174 @@
+"""Tree attention as a flash-decoding Pallas kernel with the Triton lowering.
+
+Rows. The G = H / KV query heads of one kv head and the N nodes form R = N * G query rows (row
+r = node * G + head), cut into blocks of `block_q` rows: every row of a block reads the same keys,
+so one K/V tile feeds a [block_q, block_k] score tile (Triton's `dot` wants all sides >= 16).
+
+Grid (batch, kv head, split, row block). Splits 0 .. S-1 share the committed prefix [0, start) of
+their sequence evenly (chunks of a whole number of `block_k` keys, computed from `start` inside the
+kernel, so a short prefix reads only its own keys and a long one spreads over all S programs); the
+last split, S, takes the tree block, slots start .. start+N-1, the only place where the ancestor mask
+applies. Each program keeps an online softmax (running max m, sum l, accumulator acc, all fp32) over
+its keys and writes them out; `_combine` merges the S + 1 partials per row (a small jnp step). Reads
+stop at the tile holding slot start + N - 1, whatever the cache length L; slots of a tile outside its
+program's range are masked and their values zeroed, so stale cache rows (even NaN) never count.
+
+Loads never leave the cache: a key tile that would cross L is shifted back to end at L, and the keys it
+then repeats are masked off (a dynamic slice past the end would be clamped in interpret mode and read
+out of bounds on the GPU). The ancestor mask is expanded to rows ([R, N] int8) and padded by one tile
+on the left for the same shift.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+NUM_SMS = 132        # H200; the split count aims at a few programs per SM
+
+
+def supports(q_shape, keys_shape) -> bool:
+    """Whether the kernel takes these shapes (the api falls back to the reference otherwise)."""
+    hd, length = q_shape[-1], keys_shape[1]
+    return hd >= 16 and hd & (hd - 1) == 0 and length >= 16
+
+
+def _online_update(carry, s, mask, v, key_ok, precision):
+    """One key tile into (m, l, acc): s [bq, bk] fp32 scores, mask [bq, bk], v [bk, hd]; key_ok [bk]
+    the keys of the tile's range (the value rows of the others are zeroed: 0 * NaN is NaN)."""
+    m, l, acc = carry
+    s = jnp.where(mask & key_ok[None, :], s, -jnp.inf)
+    v = jnp.where(key_ok[:, None], v, jnp.zeros_like(v))
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)        # a row with nothing visible yet
+    p = jnp.exp(s - m_safe[:, None])
+    alpha = jnp.exp(m - m_safe)
+    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+                         preferred_element_type=jnp.float32)
+    return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
+
+
+def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n, splits, block_k,
+            length, precision):
+    split = pl.program_id(2)
+    start = start_ref[()]
+    bq, hd = q_ref.shape
+    q = q_ref[...]
+    scale = 1.0 / math.sqrt(hd)
+    cols = lax.broadcasted_iota(jnp.int32, (block_k,), 0)
+
+    def scores(off):
+        k = k_ref[pl.ds(off, block_k), :]
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                            preferred_element_type=jnp.float32)
+        return s * scale, v_ref[pl.ds(off, block_k), :]
+
+    def tile(p0):
+        """The tile of keys p0 .. p0+block_k-1, shifted back to end at L if it would cross it."""
+        off = jnp.minimum(p0, length - block_k)
+        return off, off + cols           # load offset, key position of each column
+
+    init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
+            jnp.zeros((bq, hd), jnp.float32))
+
+    def prefix():
+        chunk = pl.cdiv(pl.cdiv(start, splits), block_k) * block_k
+        lo = split * chunk
+        hi = jnp.minimum(lo + chunk, start)
+
+        def body(i, carry):
+            p0 = lo + i * block_k
+            off, pos = tile(p0)
+            s, v = scores(off)
+            return _online_update(carry, s, True, v, (pos >= p0) & (pos < hi), precision)
+
+        return lax.fori_loop(0, pl.cdiv(jnp.maximum(hi - lo, 0), block_k), body, init)
+
+    def tree():
+        def body(j, carry):
+            p0 = start + j * block_k
+            off, pos = tile(p0)
+            s, v = scores(off)
+            # anc_ref column c + block_k holds tree node c (one tile of left padding)
+            anc = anc_ref[:, pl.ds(off - start + block_k, block_k)]
+            return _online_update(carry, s, anc != 0, v, (pos >= p0) & (pos < start + n), precision)
+
+        return lax.fori_loop(0, pl.cdiv(n, block_k), body, init)
+
+    m, l, acc = lax.cond(split < splits, prefix, tree)
+    m_ref[...] = m
+    l_ref[...] = l
+    acc_ref[...] = acc
+
+
+def _combine(m, l, acc):
+    """Merge the partials over the split axis (2): m, l [B, KV, S+1, R], acc [B, KV, S+1, R, hd]."""
+    mx = jnp.max(m, axis=2, keepdims=True)
+    w = jnp.exp(m - jnp.where(mx == -jnp.inf, 0.0, mx))
+    den = jnp.sum(w * l, axis=2)
+    return jnp.sum(w[..., None] * acc, axis=2) / jnp.where(den == 0, 1.0, den)[..., None]
+
+
+def default_splits(batch, kv_heads, row_blocks, length, block_k):
+    """About two programs per SM over the prefix, at most 64 splits, none shorter than a tile."""
+    want = max(1, 2 * NUM_SMS // (batch * kv_heads * row_blocks))
+    return int(max(1, min(want, 64, length // block_k)))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
+                                             "num_stages"))
+def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=64, splits=None,
+                   num_warps=None, num_stages=2):
+    """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
+    >= 16; default up to 64); block_k: keys per tile; splits: programs sharing the prefix (default
+    `default_splits`)."""
+    b, n, h, hd = q.shape
+    length, kvh = keys.shape[1], keys.shape[2]
+    if not supports(q.shape, keys.shape):
+        raise ValueError(f"tree_attention kernel: head_dim {hd} must be a power of two >= 16 and the "
+                         f"cache length {length} >= 16")
+    group = h // kvh
+    rows = n * group
+    block_k = min(block_k, 1 << (length.bit_length() - 1))      # a tile fits in the cache
+    block_q = block_q or min(64, max(16, pl.next_power_of_2(rows)))
+    row_blocks = pl.cdiv(rows, block_q)
+    r_pad = row_blocks * block_q
+    splits = splits or default_splits(b, kvh, row_blocks, length, block_k)
+    n_tiles = pl.cdiv(n, block_k)
+
+    # [B, KV, R, hd]: row r = node * G + head of the kv head's group
+    qr = q.reshape(b, n, kvh, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, hd)
+    qr = jnp.pad(qr, [(0, 0), (0, 0), (0, r_pad - rows), (0, 0)]).astype(keys.dtype)
+    anc_rows = jnp.repeat(anc.astype(jnp.int8), group, axis=1)                         # [B, R, N]
+    anc_rows = jnp.pad(anc_rows, [(0, 0), (0, r_pad - rows), (block_k, n_tiles * block_k - n)])
+
+    f32 = jnp.float32
+    precision = lax.Precision.HIGHEST if (interpret or keys.dtype == f32) else lax.Precision.DEFAULT
+    num_warps = num_warps or (8 if block_q * hd >= 64 * 256 else 4)
+    cache = pl.BlockSpec((None, length, None, hd), lambda bi, ki, si, ri: (bi, 0, ki, 0))
+    per_row = lambda *blk: pl.BlockSpec((None, None, None, block_q) + blk,
+                                        lambda bi, ki, si, ri: (bi, ki, si, ri) + (0,) * len(blk))
+    m, l, acc = pl.pallas_call(
+        functools.partial(_kernel, n=n, splits=splits, block_k=block_k, length=length, precision=precision),
+        out_shape=(jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
+                   jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
+                   jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad, hd), f32)),
+        grid=(b, kvh, splits + 1, row_blocks),
+        in_specs=[pl.BlockSpec((None,), lambda bi, ki, si, ri: (bi,)),
+                  pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, si, ri: (bi, ki, ri, 0)),
+                  cache, cache,
+                  pl.BlockSpec((None, block_q, anc_rows.shape[2]), lambda bi, ki, si, ri: (bi, ri, 0))],
+        out_specs=[per_row(), per_row(), per_row(hd)],
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="tree_attention",
+    )(start.astype(jnp.int32), qr, keys, values, anc_rows)
+    out = _combine(m, l, acc)[:, :, :rows]                                              # [B, KV, R, hd]
+    out = out.reshape(b, kvh, n, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, n, h, hd)
+    return out.astype(values.dtype)

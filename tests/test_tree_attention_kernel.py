@@ -1,0 +1,238 @@
+"""Tree attention's kernel against its reference (pallas_kernels/tree_attention).
+
+CPU: the Pallas kernel in interpret mode on fresh random inputs per test (ragged starts, random trees,
+N from 1 to 1025, prefixes over several splits, tiles crossing the cache end); the Triton lowering for
+an abstract H200 at the real shape. GPU (`-m gpu`, on the H200): the compiled kernel at the real shape
+against the reference in fp32 with HIGHEST-precision dots on the same inputs (upcast).
+
+Errors are max |x - ref| / max |ref| over the whole output: bound 1e-4 for fp32 inputs, 1e-2 for bf16.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.tree_attention import api, arg_specs, pallas_triton, reference
+from pallas_kernels.tree_attention.arg_specs import Spec, make_inputs
+
+BOUND = {"float32": 1e-4, "bfloat16": 1e-2}
+
+
+def on_gpu(test):
+    """`gpu`-marked (CI deselects it) and skipped, visibly, where there is no GPU."""
+    skip = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: JAX_PLATFORMS=cuda "
+                              "python -m pytest tests/test_tree_attention_kernel.py -m gpu")
+    return pytest.mark.gpu(skip(test))
+
+
+@pytest.fixture
+def seed(request):
+    """A different seed per test (inputs are fresh per test), reproducible from the test id."""
+    return zlib.crc32(request.node.nodeid.encode()) % (1 << 31)
+
+
+def rel_err(x, ref):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(x - ref).max() / np.abs(ref).max())
+
+
+def assert_matches(out, ref, bound):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    err = rel_err(out, ref)
+    assert err < bound, f"relative error {err:.2e} >= {bound:.0e}"
+
+
+def interpret(*args, **kw):
+    return pallas_triton.tree_attention(*args, interpret=True, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+# Small head counts and dims keep the interpreter fast; GQA groups of 1, 3 and 6.
+
+HEADS = [(2, 2, 16), (6, 2, 32), (6, 1, 16)]
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 65])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda t: "h%d-kv%d-hd%d" % t)
+def test_kernel_matches_reference(seed, n, heads):
+    h, kv, hd = heads
+    args = make_inputs(seed, Spec(3, n, 150, h, kv, hd))
+    assert_matches(interpret(*args, block_k=16), reference.tree_attention(*args), BOUND["float32"])
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_kernel_long_prefix_many_splits(seed, shape):
+    """A prefix over 5 splits of several tiles each; the other sequence's prefix is shorter."""
+    args = make_inputs(seed, Spec(2, 9, 1000, 4, 2, 16, shape=shape))
+    assert_matches(interpret(*args, block_k=16, splits=5), reference.tree_attention(*args), BOUND["float32"])
+
+
+@pytest.mark.parametrize("n", [257, 1025])
+def test_kernel_large_trees(seed, n):
+    """Trees of up to 1025 nodes: many row blocks and tree tiles (tiny heads and prefix)."""
+    args = make_inputs(seed, Spec(1, n, 40, 2, 1, 16, slack=3))
+    assert_matches(interpret(*args, block_k=64, splits=2), reference.tree_attention(*args), BOUND["float32"])
+
+
+@pytest.mark.parametrize("n", [1, 3, 20])
+def test_kernel_at_the_cache_end(seed, n):
+    """start + N = L: the last tiles would cross the cache end and are shifted back; one sequence with
+    no prefix at all (start 0) and one with a prefix that is not a whole number of tiles."""
+    spec = Spec(2, n, 45, 4, 2, 16, ragged=False, slack=0)
+    q, keys, values, _, anc = make_inputs(seed, spec)
+    start = jnp.asarray([45, 0], jnp.int32)
+    keys, values = keys.at[1, n:].set(jnp.nan), values.at[1, n:].set(jnp.nan)   # never read past start+N
+    args = (q, keys, values, start, anc)
+    out = interpret(*args, block_k=16, splits=3)
+    ref = reference.tree_attention(q, jnp.nan_to_num(keys), jnp.nan_to_num(values), start, anc)
+    assert_matches(out, ref, BOUND["float32"])
+
+
+def test_kernel_bf16(seed):
+    args = make_inputs(seed, Spec(2, 17, 200, 6, 2, 32, dtype="bfloat16"))
+    ref = reference.tree_attention(*(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in args))
+    out = interpret(*args, block_k=32)
+    assert out.dtype == jnp.bfloat16
+    assert_matches(out, ref, BOUND["bfloat16"])
+
+
+def test_kernel_error_is_detected(seed):
+    """The bound can fail: one ancestor edge dropped, or one prefix slot too many, is far outside it."""
+    q, keys, values, start, anc = make_inputs(seed, Spec(2, 17, 60, 4, 2, 16, shape="chain"))
+    ref = reference.tree_attention(q, keys, values, start, anc)
+    assert rel_err(interpret(q, keys, values, start, anc.at[:, 10, 3].set(False), block_k=16), ref) > 1e-2
+    assert rel_err(interpret(q, keys, values, start + 1, anc, block_k=16), ref) > 1e-2
+
+
+def test_reference_is_model_math(seed):
+    """The reference is the attention jaxspec/model.py always computed: softmax over the visible slots."""
+    q, keys, values, start, anc = make_inputs(seed, Spec(2, 6, 20, 4, 2, 16))
+    ref = np.asarray(reference.tree_attention(q, keys, values, start, anc), np.float64)
+    q, keys, values = (np.asarray(x, np.float64) for x in (q, keys, values))
+    for b in range(2):
+        s0 = int(start[b])
+        for i in range(6):
+            slots = list(range(s0)) + [s0 + j for j in range(6) if anc[b, i, j]]
+            for h in range(4):
+                sc = keys[b, slots, h // 2] @ q[b, i, h] / 4.0
+                p = np.exp(sc - sc.max())
+                np.testing.assert_allclose(ref[b, i, h], p @ values[b, slots, h // 2] / p.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_dispatch(monkeypatch, seed):
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    assert api.resolve() == "reference"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert api.resolve() == "reference"                 # opt-in until the GPU tests pass on the H200
+    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
+    assert api.resolve() == "pallas_interpret"
+    assert api.resolve("reference") == "reference"      # the argument wins over the environment
+    monkeypatch.setenv(api.ENV_VAR, "cuda")
+    with pytest.raises(ValueError, match=api.ENV_VAR):
+        api.resolve()
+    with pytest.raises(ValueError, match="implementation"):
+        api.resolve("triton")
+    monkeypatch.undo()
+    # shapes the kernel does not take run the reference
+    args = make_inputs(seed, Spec(1, 3, 10, 2, 1, 12))
+    assert not pallas_triton.supports(args[0].shape, args[1].shape)
+    assert_matches(api.tree_attention(*args, implementation="pallas_interpret"),
+                   reference.tree_attention(*args), 1e-6)
+
+
+def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
+    """jaxspec/model.py's Attention calls the op: forced to the kernel through the environment, a tree
+    verify over a committed prefix gives the reference's output and cache."""
+    from flax import nnx
+
+    from jaxspec import tree as tree_lib
+    from jaxspec.config import qwen36_27b
+    from jaxspec.model import Attention
+
+    cfg = qwen36_27b("float32").replace(hidden_size=32, num_heads=6, num_kv_heads=2, head_dim=16, rotary_dim=4)
+    attn = Attention(cfg, rngs=nnx.Rngs(seed))
+    q, keys, values, start, anc = make_inputs(seed, Spec(2, 7, 30, 6, 2, 16))
+    x = jax.random.normal(jax.random.key(seed), (2, 7, 32))
+    tree = tree_lib.Tree(jnp.zeros((2, 7), jnp.int32), jnp.zeros((2, 7), jnp.int32), anc)
+    positions = start[:, None] + jnp.asarray(anc.sum(-1) - 1, jnp.int32)
+    calls = []
+    kernel = pallas_triton.tree_attention
+    monkeypatch.setattr(pallas_triton, "tree_attention", lambda *a, **kw: calls.append(a[0].shape) or kernel(*a, **kw))
+    outs = {}
+    for impl in ("pallas_interpret", "reference"):
+        monkeypatch.setenv(api.ENV_VAR, impl)
+        outs[impl] = attn(x, keys, values, start, positions, tree)
+    assert calls == [(2, 7, 6, 16)]
+    for a, b in zip(outs["pallas_interpret"], outs["reference"]):
+        assert_matches(a, b, BOUND["float32"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("n", [1, 65, 1025])
+def test_triton_lowering(n, dtype):
+    """The compiled path's lowering to Triton IR for an abstract H200 at the real head shape (24 q / 4 kv
+    heads of 256): power-of-two tiles, supported primitives. (Compiling it needs the GPU.)"""
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    S = jax.ShapeDtypeStruct
+    b, length, dt = 2, 40000, jnp.dtype(dtype)
+    h, kv, hd = arg_specs.REAL_HEADS, arg_specs.REAL_KV_HEADS, arg_specs.REAL_HEAD_DIM
+    shapes = (S((b, n, h, hd), dt), S((b, length, kv, hd), dt), S((b, length, kv, hd), dt), S((b,), jnp.int32),
+              S((b, n, n), jnp.bool_))
+    h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
+    with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
+        hlo = jax.jit(pallas_triton.tree_attention).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    assert hlo.count("__gpu$xla.gpu.triton") == 1
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+def _gpu_check(seed, spec, **kw):
+    args = make_inputs(seed, spec)
+    out = jax.jit(lambda *a: pallas_triton.tree_attention(*a, **kw))(*args)
+    up = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in args)
+    ref = jax.jit(reference.tree_attention)(*up)
+    assert out.dtype == args[1].dtype
+    assert_matches(out, ref, BOUND[spec.dtype])
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("n", arg_specs.VERIFY_SIZES)
+def test_gpu_real_shape_32k(seed, n, dtype):
+    """24 q / 4 kv heads of 256 over a 32K prefix (ragged batch of 2), random trees."""
+    _gpu_check(seed, Spec(2, n, 32768, dtype=dtype))
+
+
+@on_gpu
+@pytest.mark.parametrize("n,prefix", [(1025, 4096), (257, 1000), (16, 131072), (3, 0)])
+def test_gpu_sizes(seed, n, prefix):
+    _gpu_check(seed, Spec(1 if prefix > 100000 else 2, n, prefix, dtype="bfloat16", ragged=prefix > 0))
+
+
+@on_gpu
+@pytest.mark.parametrize("block_q,block_k,num_warps", [(16, 64, 4), (32, 32, 4), (64, 128, 8), (64, 64, 4)])
+def test_gpu_tuning_variants(seed, block_q, block_k, num_warps):
+    _gpu_check(seed, Spec(2, 65, 8192, dtype="bfloat16"), block_q=block_q, block_k=block_k, num_warps=num_warps)
+
+
+@on_gpu
+def test_gpu_cache_end(seed):
+    """start + N = L with N = 1: the last tile is shifted back to end at the cache end."""
+    _gpu_check(seed, Spec(2, 1, 5000, dtype="bfloat16", slack=0))
+
+
+@on_gpu
+def test_gpu_opt_in_dispatch_is_the_kernel(seed, monkeypatch):
+    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
+    args = make_inputs(seed, Spec(1, 16, 4096, dtype="bfloat16"))
+    fn = jax.jit(api.tree_attention)
+    assert fn.lower(*args).as_text().count("__gpu$xla.gpu.triton") == 1
+    up = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in args)
+    assert_matches(fn(*args), jax.jit(reference.tree_attention)(*up), BOUND["bfloat16"])
