@@ -1,0 +1,145 @@
+"""Flax -> Hugging Face safetensors: the inverse of convert/keys.py (target) and convert/drafter.py (drafter).
+
+`export_target` writes the flat `qwen3_5_text` layout (config.json, model-0000i-of-0000n.safetensors shards of
+at most `max_shard_bytes`, model.safetensors.index.json, generation_config.json); `export_drafter` writes z-lab's
+DFlash layout (config.json + one flat-key model.safetensors). `convert.hf.load_target` and
+`convert.drafter.load_drafter` read them back bit for bit (tests/test_train.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+from safetensors.numpy import save_file
+
+from jaxspec.config import FULL, TargetConfig
+from jaxspec.drafter_config import DrafterConfig
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def _flat(model) -> dict[tuple, np.ndarray]:
+    return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def target_hf_config(cfg: TargetConfig) -> dict:
+    """A flat `qwen3_5_text` config.json that `jaxspec.config.target_config_from_hf` reads back to `cfg`."""
+    return {
+        "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "layer_types": list(cfg.layer_types),
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "linear_num_key_heads": cfg.linear_num_key_heads, "linear_num_value_heads": cfg.linear_num_value_heads,
+        "linear_key_head_dim": cfg.linear_key_head_dim, "linear_value_head_dim": cfg.linear_value_head_dim,
+        "linear_conv_kernel_dim": cfg.conv_kernel, "hidden_act": "silu", "attention_bias": False,
+        "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "full_attention_interval": 4, "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                            "partial_rotary_factor": cfg.rotary_dim / cfg.head_dim},
+        "eos_token_id": list(cfg.eos_token_ids)[0] if cfg.eos_token_ids else None,
+        "dtype": cfg.dtype,
+    }
+
+
+def target_tensors(model) -> dict[str, np.ndarray]:
+    """HF key -> array (stored dtype = the model's), keys as Qwen3_5ForCausalLM saves them."""
+    from convert.keys import target_layout, transform
+    flat = _flat(model)
+    out = {}
+    for name, (path, shape, kind) in target_layout(model.cfg).items():
+        a = _untransform(flat[path], kind, shape)
+        # The loader's own transform must give back exactly what the model holds.
+        back, held = np.ascontiguousarray(transform(a, kind)), np.ascontiguousarray(flat[path])
+        if back.shape == held.shape and not np.array_equal(back.view(np.uint8), held.view(np.uint8)):
+            raise RuntimeError(f"export of {name}: not the inverse of convert/keys.py's transform {kind!r}")
+        out[name if name == "lm_head.weight" else "model." + name] = np.ascontiguousarray(a)
+    return out
+
+
+def _untransform(a: np.ndarray, kind, shape) -> np.ndarray:
+    """The inverse of convert.keys.transform: kind 'linear' / 'conv' / 'copy', or a tuple (base, *gdn groups)
+    whose rows (linear) / channels (conv) the loader reorders into key-head-group order."""
+    base, groups = (kind[0], tuple(kind[1:])) if isinstance(kind, tuple) else (kind, ())
+    if base == "linear":
+        a = a.T
+    elif base == "conv":                           # [K, C] -> [C, 1, K]
+        a = a.T[:, None, :]
+    if a.shape[0] != shape[0] and len(shape) == 2 and base != "conv":
+        a = a[:shape[0]]                           # a padded vocabulary (tensor parallelism): drop the pad rows
+    if groups:
+        from convert.keys import gdn_channel_order
+        a = a[np.argsort(gdn_channel_order(*groups))]
+    if a.shape != tuple(shape):
+        raise RuntimeError(f"export: shape {a.shape}, the checkpoint layout says {tuple(shape)}")
+    return a
+
+
+def export_target(model, out_dir: str | Path, *, max_shard_bytes: int = 10 * 2**20) -> Path:
+    """Write the target as a HF checkpoint (sharded safetensors + index + config.json + generation_config.json).
+    Tokenizer files are the caller's business."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg: TargetConfig = model.cfg
+    tensors = target_tensors(model)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for key in sorted(tensors):
+        nbytes = tensors[key].nbytes
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensors[key]
+        size += nbytes
+    n = len(shards)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
+    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(target_hf_config(cfg), indent=2) + "\n")
+    gen = {"eos_token_id": list(cfg.eos_token_ids), "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    return out
+
+
+def drafter_hf_config(cfg: DrafterConfig, num_target_layers: int) -> dict:
+    """z-lab's DFlash config.json (read by `jaxspec.drafter_config.drafter_config_from_hf` back to `cfg`)."""
+    hf = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "layer_types": list(cfg.layer_types),
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps, "hidden_act": "silu",
+        "attention_bias": False, "num_target_layers": num_target_layers, "block_size": cfg.block_size,
+        "use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window,
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
+                          "block_size": cfg.block_size},
+        "dtype": cfg.dtype,
+    }
+    if cfg.is_causal is not None:
+        hf["is_causal"] = cfg.is_causal
+    return hf
+
+
+def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int) -> Path:
+    """Write the drafter as config.json + one model.safetensors with z-lab's flat keys."""
+    from convert.drafter import WEIGHTS, drafter_layout
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    flat = _flat(drafter)
+    tensors = {}
+    for key, (path, shape, transpose) in drafter_layout(drafter.cfg).items():
+        a = flat[path].T if transpose else flat[path]
+        assert a.shape == shape, (key, a.shape, shape)
+        tensors[key] = np.ascontiguousarray(a)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(drafter_hf_config(drafter.cfg, num_target_layers), indent=2) + "\n")
+    return out
+
+
+__all__ = ["export_target", "export_drafter", "target_hf_config", "drafter_hf_config", "target_tensors", "FULL"]

@@ -1,0 +1,836 @@
+"""Training: DFlash drafters for a frozen target (reference/dflash.md section 4), and the small demo pair.
+
+    python -m jaxspec.train pair --out DIR [--time-budget-s 480] [--tiny]
+        corpus (the Python standard library's own .py source, some files held out) -> byte-level BPE
+        tokenizer -> a small Qwen3.6-architecture target (GDN + gated attention) -> the target's greedy
+        generations -> a DFlash drafter (block 16) -> HF export of both -> held-out evaluation (tau for
+        DFlash and DDTree, token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.
+    python -m jaxspec.train drafter --target DIR --text PATH... --out DIR
+        a DFlash drafter for an existing target, on the target's greedy continuations of prompts cut
+        from the given text files.
+
+The drafter recipe: the target (and its embedding and lm_head, which the drafter shares) is frozen; per
+sequence, random anchor positions; each block [anchor, MASK x (B-1)] sits at positions anchor..anchor+B-1
+and sees the target's tapped hidden states (fused by fc + hidden_norm) strictly before the anchor plus its
+own block, with the per-layer causality and window of `jaxspec.drafter` (the very masks `Drafter.draft` uses
+at inference; `block_masks` builds them for many blocks at once); cross-entropy on slots 1..B-1 weighted
+by exp(-(k-1)/gamma), normalised by the weight sum. AdamW (decoupled weight decay on matrices) with linear
+warm-up, cosine decay and global-norm clipping, written here in plain jax. Data parallel over all devices
+(the batch axis of a 1-D mesh). Orbax checkpoints every `--ckpt-every` steps; a rerun with the same
+arguments resumes from the latest one and continues with exactly the steps it would have run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import glob
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec import tree as trees
+from jaxspec.config import FULL, LINEAR, TargetConfig
+from jaxspec.drafter import Drafter, _visible
+from jaxspec.drafter_config import DrafterConfig
+from jaxspec.model import Qwen35, init_state
+
+EOS_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|mask|>"
+
+
+def log(msg: str) -> None:
+    print(f"[train {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# AdamW, plain jax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptConfig:
+    lr: float = 1e-3
+    warmup: int = 100          # steps of linear warm-up
+    min_lr_frac: float = 0.1   # cosine decay to lr * min_lr_frac at `steps`
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip: float = 1.0
+
+
+def lr_at(step, steps: int, o: OptConfig):
+    step = jnp.asarray(step, jnp.float32)
+    warm = jnp.minimum((step + 1) / jnp.maximum(o.warmup, 1), 1.0)
+    frac = jnp.clip((step - o.warmup) / jnp.maximum(steps - o.warmup, 1), 0.0, 1.0)
+    cos = o.min_lr_frac + (1 - o.min_lr_frac) * 0.5 * (1 + jnp.cos(math.pi * frac))
+    return o.lr * warm * cos
+
+
+def adamw_init(params):
+    zeros = lambda p: jnp.zeros(p.shape, jnp.float32)
+    return {"m": jax.tree.map(zeros, params), "v": jax.tree.map(zeros, params)}
+
+
+def adamw_update(params, grads, opt, step, steps: int, o: OptConfig):
+    """One AdamW step with global-norm clipping. Returns (params, opt, grad_norm, lr)."""
+    gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads)))
+    scale = jnp.minimum(1.0, o.clip / (gnorm + 1e-6))
+    lr = lr_at(step, steps, o)
+    t = jnp.asarray(step, jnp.float32) + 1
+    m = jax.tree.map(lambda m, g: o.b1 * m + (1 - o.b1) * g.astype(jnp.float32) * scale, opt["m"], grads)
+    v = jax.tree.map(lambda v, g: o.b2 * v + (1 - o.b2) * jnp.square(g.astype(jnp.float32) * scale), opt["v"], grads)
+
+    def upd(p, m, v):
+        u = (m / (1 - o.b1 ** t)) / (jnp.sqrt(v / (1 - o.b2 ** t)) + o.eps)
+        if p.ndim >= 2:                              # no decay on norms, biases, A_log, dt_bias
+            u = u + o.weight_decay * p.astype(jnp.float32)
+        return (p.astype(jnp.float32) - lr * u).astype(p.dtype)
+
+    return jax.tree.map(upd, params, m, v), {"m": m, "v": v}, gnorm, lr
+
+
+# ------------------------------------------------------------------------------------------------
+# The generic loop: jitted step, data parallel, Orbax checkpoints, resume, progress, time budget
+
+
+def data_mesh():
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+class Trainer:
+    """Runs `loss_fn(params, frozen, batch) -> loss` for `steps` steps with AdamW.
+
+    batch_at(step) -> dict of numpy arrays, batch axis first (sharded over the devices); it must be a pure
+    function of the step, so that a resumed run sees the batches the interrupted one would have seen.
+    frozen: a pytree passed to every step (replicated), not trained. `steps` and `warmup` are arguments
+    of the compiled step (changing them does not recompile). Checkpoints hold the params and optimizer
+    state (Orbax) and, in meta.json beside them, the step, `steps`, `warmup` and the losses so far, so a
+    resume continues on exactly the same schedule.
+    """
+
+    def __init__(self, loss_fn: Callable, params, frozen, batch_at: Callable[[int], dict], *, steps: int,
+                 opt: OptConfig, ckpt_dir: str | Path | None = None, ckpt_every: int = 200, name: str = "train",
+                 log_every: int = 20):
+        self.loss_fn, self.batch_at, self.steps, self.opt = loss_fn, batch_at, int(steps), opt
+        self.warmup = opt.warmup
+        self.name, self.log_every, self.ckpt_every = name, log_every, ckpt_every
+        self.mesh = data_mesh()
+        rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.data_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("data"))
+        self.params = jax.device_put(params, rep)
+        self.frozen = jax.device_put(frozen, rep)
+        self.opt_state = jax.device_put(adamw_init(params), rep)
+        self.step = 0
+        self.losses: list[float] = []
+        self.ckpt_dir = Path(ckpt_dir).absolute() if ckpt_dir else None
+        self._mgr = None
+        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
+
+    def _train_step(self, params, opt_state, frozen, batch, step, sched):
+        loss, grads = jax.value_and_grad(self.loss_fn)(params, frozen, batch)
+        o = dataclasses.replace(self.opt, warmup=sched[1])
+        params, opt_state, gnorm, lr = adamw_update(params, grads, opt_state, step, sched[0], o)
+        return params, opt_state, loss, gnorm, lr
+
+    # -- checkpoints --
+    def _manager(self):
+        if self._mgr is None and self.ckpt_dir is not None:
+            import orbax.checkpoint as ocp
+            self._mgr = ocp.CheckpointManager(self.ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2))
+        return self._mgr
+
+    def _arrays(self):
+        leaves = lambda t: {str(i): x for i, x in enumerate(jax.tree.leaves(t))}
+        return {"params": leaves(self.params), "m": leaves(self.opt_state["m"]), "v": leaves(self.opt_state["v"])}
+
+    def save(self):
+        mgr = self._manager()
+        if mgr is None or (mgr.latest_step() == self.step):
+            return
+        import orbax.checkpoint as ocp
+        mgr.save(self.step, args=ocp.args.StandardSave(self._arrays()), force=True)
+        mgr.wait_until_finished()
+        meta = {"step": self.step, "steps": self.steps, "warmup": self.warmup, "losses": self.losses}
+        tmp = self.ckpt_dir / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.ckpt_dir / "meta.json")
+
+    def restore(self) -> bool:
+        """Resume from the latest checkpoint, if any. True when one was restored."""
+        mgr = self._manager()
+        if mgr is None or mgr.latest_step() is None or not (self.ckpt_dir / "meta.json").exists():
+            return False
+        import orbax.checkpoint as ocp
+        meta = json.loads((self.ckpt_dir / "meta.json").read_text())
+        step = mgr.latest_step()
+        if meta["step"] != step:
+            raise ValueError(f"{self.ckpt_dir}: meta.json is for step {meta['step']}, the latest checkpoint {step}")
+        cur = self._arrays()
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), cur)
+        got = mgr.restore(step, args=ocp.args.StandardRestore(abstract))
+        unflat = lambda like, d: jax.tree.unflatten(jax.tree.structure(like), [d[str(i)] for i in range(len(d))])
+        self.params = unflat(self.params, got["params"])
+        self.opt_state = {"m": unflat(self.opt_state["m"], got["m"]), "v": unflat(self.opt_state["v"], got["v"])}
+        self.step, self.steps, self.warmup, self.losses = step, meta["steps"], meta["warmup"], list(meta["losses"])
+        log(f"{self.name}: resumed from {self.ckpt_dir} at step {self.step}/{self.steps}")
+        return True
+
+    # -- the loop --
+    def run_step(self) -> float:
+        batch = jax.device_put({k: np.asarray(v) for k, v in self.batch_at(self.step).items()}, self.data_sharding)
+        sched = jnp.asarray([self.steps, self.warmup], jnp.float32)
+        self.params, self.opt_state, loss, gnorm, lr = self._step_fn(
+            self.params, self.opt_state, self.frozen, batch, jnp.asarray(self.step, jnp.int32), sched)
+        self._last = (loss, gnorm, lr)
+        self.step += 1
+        loss = float(loss)
+        self.losses.append(loss)
+        return loss
+
+    def run(self, deadline: float | None = None, max_steps: int | None = None) -> list[float]:
+        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint on exit."""
+        t0, s0 = time.perf_counter(), self.step
+        stop = self.steps if max_steps is None else min(self.steps, self.step + max_steps)
+        try:
+            while self.step < stop:
+                loss = self.run_step()
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"{self.name}: loss {loss} at step {self.step}")
+                if self.step % self.log_every == 0 or self.step == stop:
+                    _, gnorm, lr = self._last
+                    rate = (self.step - s0) / max(time.perf_counter() - t0, 1e-9)
+                    log(f"{self.name}: step {self.step}/{self.steps} loss {np.mean(self.losses[-self.log_every:]):.4f} "
+                        f"|g| {float(gnorm):.3f} lr {float(lr):.2e} ({rate:.1f} steps/s)")
+                if self.ckpt_every and self.step % self.ckpt_every == 0 and self.step < stop:
+                    self.save()
+                if deadline is not None and time.time() > deadline:
+                    log(f"{self.name}: time budget reached at step {self.step}/{self.steps}")
+                    break
+        finally:
+            self.save()
+        return self.losses
+
+
+def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 5, cap: int | None = None) -> int:
+    """Time `probe` steps after the compiling first one and return how many steps fit in `seconds`
+    (counting those already run). The probe steps use the trainer's schedule for its current `steps`;
+    callers set `steps` to a generous upper bound first, so warm-up is unaffected."""
+    t_start = time.perf_counter()
+    trainer.run_step()                                   # compiles
+    t1 = time.perf_counter()
+    for _ in range(probe):
+        trainer.run_step()
+    per = (time.perf_counter() - t1) / probe
+    left = seconds - (time.perf_counter() - t_start)
+    n = trainer.step + max(int(left / max(per, 1e-6)), 1)
+    n = min(n, cap) if cap else n
+    log(f"{trainer.name}: {per * 1e3:.1f} ms/step (compile {t1 - t_start:.1f}s) -> {n} steps")
+    return n
+
+
+# ------------------------------------------------------------------------------------------------
+# Target language model
+
+
+def target_loss(graphdef):
+    """Next-token cross-entropy of the target over a chain; batch {"tokens": [b, T + 1]}."""
+    def loss(params, frozen, batch):
+        model = nnx.merge(graphdef, params)
+        tokens = batch["tokens"]
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        b, t = x.shape
+        logits, _, _, _ = model(x, init_state(model.cfg, b, t), trees.chain(b, t))
+        logp = jax.nn.log_softmax(logits, -1)
+        return -jnp.mean(jnp.take_along_axis(logp, y[..., None], -1))
+    return loss
+
+
+def stream_batches(stream: np.ndarray, batch: int, seq: int, seed: int):
+    """batch_at(step): `batch` random windows of seq + 1 tokens of `stream`, a pure function of step."""
+    hi = len(stream) - seq - 1
+    if hi <= 0:
+        raise ValueError(f"token stream of {len(stream)} tokens is shorter than one sequence of {seq + 1}")
+
+    def at(step):
+        starts = np.random.default_rng([seed, step]).integers(0, hi, batch)
+        return {"tokens": np.stack([stream[s:s + seq + 1] for s in starts]).astype(np.int32)}
+    return at
+
+
+# ------------------------------------------------------------------------------------------------
+# DFlash drafter
+
+
+def default_gamma(block: int) -> float:
+    """The loss decay of reference/dflash.md section 4: 7 for B = 16, 5 for B = 10, 4 for B = 8."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block, 7.0 * block / 16)
+
+
+def loss_weights(block: int, gamma: float) -> np.ndarray:
+    """w_k = exp(-(k - 1) / gamma) for block slots k = 1..B-1."""
+    return np.exp(-(np.arange(1, block) - 1) / gamma).astype(np.float32)
+
+
+def block_masks(anchors, t: int, block: int, causal: bool, window: int | None):
+    """Visibility of A blocks per sequence: anchors [b, A] -> [b, A*B, t + A*B] over (context rows 0..t-1,
+    the blocks' own rows). Query row j*B + s is slot s of block j, at position anchors[j] + s. It sees
+    context row p iff p < anchors[j] (strictly before the anchor) and the layer's causality/window allow
+    (q - p), and block row j'*B + s' iff j' == j and the layer allows (s - s'). These are `Drafter.draft`'s
+    masks, one block at a time, laid side by side."""
+    b, a = anchors.shape
+    q_pos = (anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)).reshape(b, a * block)
+    q_anchor = jnp.repeat(anchors, block, 1)
+    ctx = jnp.arange(t, dtype=jnp.int32)[None, None, :]
+    ctx_vis = (ctx < q_anchor[:, :, None]) & _visible(q_pos[:, :, None], ctx, causal, window)
+    blk = jnp.arange(a * block) // block
+    same = (blk[:, None] == blk[None, :])[None]
+    blk_vis = same & _visible(q_pos[:, :, None], q_pos[:, None, :], causal, window)
+    return jnp.concatenate([ctx_vis, blk_vis], 2), q_pos
+
+
+def drafter_block_logits(drafter: Drafter, taps, tokens, anchors, embed, lm_head):
+    """Logits [b, A, B-1, V] (fp32) of every block: taps [b, t, n_taps, D] of the target on tokens [b, t],
+    anchors [b, A] with anchor + B - 1 < t. The same modules and masks as `Drafter.add_context` + `draft`."""
+    cfg = drafter.cfg
+    bs = cfg.block_size
+    b, t = tokens.shape
+    a = anchors.shape[1]
+    c = drafter.hidden_norm(drafter.fc(taps.reshape(b, t, -1).astype(cfg.jnp_dtype)))
+    ctx_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+    anchor_tok = jnp.take_along_axis(tokens, anchors, 1)
+    blk_tok = jnp.concatenate([anchor_tok[:, :, None], jnp.full((b, a, bs - 1), cfg.mask_token_id, jnp.int32)], 2)
+    x = jnp.take(embed, blk_tok.reshape(b, a * bs), axis=0).astype(cfg.jnp_dtype)
+    for layer, causal, window in zip(drafter.layers, cfg.causal, cfg.windows):
+        vis, q_pos = block_masks(anchors, t, bs, causal, window)
+        k, v = layer.self_attn.kv(c, ctx_pos)
+        x = x + layer.self_attn(layer.input_layernorm(x), q_pos, k, v, vis)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    h = drafter.norm(x).reshape(b, a, bs, -1)[:, :, 1:]
+    return jnp.einsum("band,dv->banv", h, lm_head.astype(h.dtype)).astype(jnp.float32)
+
+
+def drafter_loss(drafter_graphdef, target_graphdef, gamma: float):
+    """The DFlash loss. frozen = the target's params (embedding and lm_head included); batch
+    {"tokens": [b, t], "anchors": [b, A]}. The target's taps are computed under stop_gradient."""
+    def loss(params, frozen, batch):
+        drafter = nnx.merge(drafter_graphdef, params)
+        target = nnx.merge(target_graphdef, frozen)
+        cfg = drafter.cfg
+        tokens, anchors = batch["tokens"], batch["anchors"]
+        b, t = tokens.shape
+        _, taps, _, _ = target(tokens, init_state(target.cfg, b, t), trees.chain(b, t),
+                               taps=tuple(cfg.target_layer_ids))
+        taps = jax.lax.stop_gradient(taps)
+        logits = drafter_block_logits(drafter, taps, tokens, anchors, jax.lax.stop_gradient(target.embed_tokens[...]),
+                                      jax.lax.stop_gradient(target.unembedding()))
+        labels = jnp.take_along_axis(tokens, (anchors[:, :, None] + jnp.arange(1, cfg.block_size)).reshape(b, -1),
+                                     1).reshape(anchors.shape + (cfg.block_size - 1,))
+        ce = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), labels[..., None], -1)[..., 0]   # [b, A, B-1]
+        w = jnp.asarray(loss_weights(cfg.block_size, gamma))
+        return jnp.mean(jnp.sum(ce * w, -1) / jnp.sum(w))
+    return loss
+
+
+def sample_anchors(rng: np.random.Generator, n_seq: int, t: int, block: int, n_anchors: int, lo) -> np.ndarray:
+    """Per sequence, n_anchors distinct sorted anchors in [lo, t - block] (lo [n_seq] or a scalar)."""
+    lo = np.broadcast_to(np.asarray(lo), (n_seq,))
+    pos = np.arange(t)[None]
+    ok = (pos >= lo[:, None]) & (pos <= t - block)
+    if ok.sum(1).min() < n_anchors:
+        raise ValueError(f"only {ok.sum(1).min()} valid anchor positions for {n_anchors} anchors per sequence")
+    keys = np.where(ok, rng.random((n_seq, t)), 2.0)
+    return np.sort(np.argsort(keys, 1)[:, :n_anchors], 1).astype(np.int32)
+
+
+def drafter_batches(seqs: np.ndarray, lo, batch: int, block: int, n_anchors: int, seed: int):
+    """batch_at(step): `batch` of the sequences [N, t] (with anchor lower bounds lo [N]) and their anchors."""
+    lo = np.broadcast_to(np.asarray(lo), (len(seqs),))
+
+    def at(step):
+        rng = np.random.default_rng([seed, step])
+        idx = rng.integers(0, len(seqs), batch)
+        return {"tokens": seqs[idx].astype(np.int32),
+                "anchors": sample_anchors(rng, batch, seqs.shape[1], block, n_anchors, lo[idx])}
+    return at
+
+
+def trainable_drafter_params(drafter: Drafter):
+    return nnx.split(drafter)
+
+
+# ------------------------------------------------------------------------------------------------
+# Corpus, tokenizer, generation
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's .py files (PSF license), sorted, without site-packages."""
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(Path(f) for f in glob.glob(str(root / "**" / "*.py"), recursive=True)
+                   if "site-packages" not in f and "dist-packages" not in f)
+    return [f for f in files if f.is_file()]
+
+
+def split_files(files: list[Path], held_out_every: int = 20):
+    """Every `held_out_every`-th file (by sorted path) is held out for evaluation."""
+    train = [f for i, f in enumerate(files) if i % held_out_every]
+    held = [f for i, f in enumerate(files) if i % held_out_every == 0]
+    return train, held
+
+
+def read_text(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return ""
+
+
+def train_tokenizer(texts, vocab_size: int):
+    """Byte-level BPE (the `tokenizers` library) with <|endoftext|> (id 0) and <|mask|> (id 1)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[EOS_TOKEN, MASK_TOKEN], show_progress=False))
+    return tok
+
+
+def save_tokenizer(tok, out_dir: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, mask_token=MASK_TOKEN).save_pretrained(out_dir)
+
+
+def encode_files(tok, files: list[Path]) -> list[np.ndarray]:
+    texts = [t for t in (read_text(f) for f in files) if t]
+    return [np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)]
+
+
+def greedy_generate(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int) -> np.ndarray:
+    """Greedy continuations [N, P + max_new] of prompts [N, P], through the engine (AR, batched, no stop)."""
+    from jaxspec.engine import Engine
+    eng = Engine(model, stop_tokens=())
+    out = []
+    p = prompts.shape[1]
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        pad = batch - len(chunk)
+        rows = [list(map(int, r)) for r in np.concatenate([chunk, np.repeat(chunk[:1], pad, 0)])]
+        res = eng.generate(rows, max_new, max_len=p + max_new + 1)
+        gen = np.asarray([r[:max_new] for r in res.tokens], np.int32)
+        out.append(np.concatenate([chunk, gen[:len(chunk)]], 1))
+    return np.concatenate(out)
+
+
+def prompts_from(docs: list[np.ndarray], n: int, length: int, seed: int) -> np.ndarray:
+    """n prompts of exactly `length` tokens at random places of random documents long enough."""
+    rng = np.random.default_rng(seed)
+    long = [d for d in docs if len(d) > length + 1]
+    if not long:
+        raise ValueError(f"no document longer than {length + 1} tokens")
+    out = []
+    for _ in range(n):
+        d = long[rng.integers(len(long))]
+        s = rng.integers(0, len(d) - length)
+        out.append(d[s:s + length])
+    return np.stack(out).astype(np.int32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSizes:
+    vocab: int = 4096
+    target: TargetConfig = None
+    draft_layers: int = 2
+    draft_heads: int = 4
+    draft_kv: int = 2
+    draft_head_dim: int = 64
+    draft_ffn: int = 768
+    block: int = 16
+    taps: tuple = (1, 4, 6)
+    # target training
+    t_seq: int = 512
+    t_batch: int = 64
+    t_lr: float = 2e-3
+    t_max_steps: int = 20000
+    # data generation
+    prompt_len: int = 64
+    gen_new: int = 192
+    gen_n: int = 4096
+    gen_batch: int = 512
+    # drafter training
+    d_batch: int = 64
+    d_anchors: int = 16
+    d_lr: float = 1e-3
+    d_max_steps: int = 20000
+    # evaluation
+    eval_prompts: int = 16
+    eval_new: int = 128
+    budgets: tuple = (16, 32, 64)
+    tokenizer_chars: int = 12_000_000
+
+
+def target_config(vocab: int, d: int, ffn: int, layers: int, heads: int, kv: int, hd: int, lk: int, lv: int,
+                  ldim: int, dtype: str = "float32") -> TargetConfig:
+    return TargetConfig(vocab_size=vocab, hidden_size=d, intermediate_size=ffn,
+                        layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(layers)),
+                        num_heads=heads, num_kv_heads=kv, head_dim=hd, rotary_dim=hd // 4, rope_theta=1e4,
+                        linear_num_key_heads=lk, linear_num_value_heads=lv, linear_key_head_dim=ldim,
+                        linear_value_head_dim=ldim, conv_kernel=4, eos_token_ids=(0,), dtype=dtype)
+
+
+def full_sizes() -> PairSizes:
+    return PairSizes(target=target_config(4096, 256, 768, 8, 4, 2, 64, 4, 8, 32))
+
+
+def tiny_sizes() -> PairSizes:
+    return PairSizes(vocab=320, target=target_config(320, 32, 64, 4, 2, 1, 16, 2, 2, 8), draft_layers=1,
+                     draft_heads=2, draft_kv=1, draft_head_dim=16, draft_ffn=64, block=8, taps=(0, 2),
+                     t_seq=64, t_batch=8, t_lr=3e-3, t_max_steps=40, prompt_len=16, gen_new=40, gen_n=16,
+                     gen_batch=16, d_batch=8, d_anchors=4, d_lr=3e-3, d_max_steps=40, eval_prompts=2,
+                     eval_new=24, budgets=(8, 16), tokenizer_chars=200_000)
+
+
+def make_drafter_config(s: PairSizes, tcfg: TargetConfig, mask_id: int, dtype="float32") -> DrafterConfig:
+    return DrafterConfig(vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size, intermediate_size=s.draft_ffn,
+                         num_heads=s.draft_heads, num_kv_heads=s.draft_kv, head_dim=s.draft_head_dim,
+                         layer_types=(FULL,) * s.draft_layers, rope_theta=1e4, target_layer_ids=tuple(s.taps),
+                         mask_token_id=mask_id, block_size=s.block, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
+             deadline: float | None = None) -> dict:
+    """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
+    tau, token identity to AR and decode time (each method timed on a second pass, after compilation)."""
+    from jaxspec.dflash import DFlash
+    from jaxspec.engine import Engine
+    methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
+    max_len = prompts.shape[1] + max_new + max(budgets + (block,)) + 2
+    out, ar_tokens = {}, None
+    for name, budget in methods:
+        if deadline is not None and time.time() > deadline and name != "ar":
+            log(f"eval: out of time, skipping {name} {budget or ''}")
+            continue
+        spec = None if name == "ar" else DFlash(drafter, target.cfg, block, budget=budget)
+        eng = Engine(target, spec, stop_tokens=())
+        t0 = time.perf_counter()
+        eng.generate([list(map(int, prompts[0]))], max_new, max_len=max_len)          # compile
+        compile_s = time.perf_counter() - t0
+        toks, decode, hist = [], 0.0, None
+        for p in prompts:
+            r = eng.generate([list(map(int, p))], max_new, max_len=max_len)
+            toks.append(r.tokens[0])
+            decode += r.decode_s
+            hist = r.hist if hist is None else hist + r.hist
+        key = name if budget is None else f"ddtree_b{budget}"
+        rounds = int(hist.sum())
+        tau = float((hist * np.arange(len(hist))).sum() / rounds) if rounds else 0.0
+        entry = {"tau": tau, "rounds": rounds, "tokens": int(sum(len(t) for t in toks)), "decode_s": decode,
+                 "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s}
+        if name == "ar":
+            ar_tokens = toks
+        else:
+            same = [a == b for a, b in zip(ar_tokens, toks)]
+            entry["identical_to_ar"] = all(same)
+            entry["identical_prompts"] = int(sum(same))
+            entry["speedup_vs_ar"] = out["ar"]["decode_s"] / max(decode, 1e-9)
+        out[key] = entry
+        log(f"eval {key}: tau {tau:.2f}, {entry['tok_per_s']:.1f} tok/s"
+            + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}" if name != "ar" else ""))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The end-to-end pipeline
+
+
+def machine() -> str:
+    devs = jax.devices()
+    return f"{len(devs)}x {devs[0].device_kind} ({jax.default_backend()}), {os.cpu_count()} CPU cores, {platform.node()}"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or os.environ.get("JAXSPEC_COMMIT", "unknown")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("JAXSPEC_COMMIT", "unknown")
+
+
+def run_pair(args) -> int:
+    from convert.drafter import load_drafter
+    from convert.hf import load_target
+    from jaxspec.export import export_drafter, export_target
+    from jaxspec.plot import loss_curve_png
+
+    t_start = time.time()
+    budget = float(args.time_budget_s)
+    at = lambda frac: t_start + frac * budget
+    s = tiny_sizes() if args.tiny else full_sizes()
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or out / "work").absolute()
+    pair = work / "pair"
+    tdir, ddir = pair / "target", pair / "drafter"
+    results = {"commit": os.environ.get("JAXSPEC_COMMIT") or git_commit(), "machine": machine(),
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "tiny": bool(args.tiny), "time_budget_s": budget, "jax": jax.__version__}
+    log(f"pair: {results['machine']}; budget {budget:.0f}s; work dir {work}")
+
+    # 1. Corpus and tokenizer.
+    files = stdlib_files()
+    if args.tiny:
+        files = files[:120]
+    train_files, held_files = split_files(files)
+    texts, n_chars = [], 0
+    for f in train_files:
+        t = read_text(f)
+        if t:
+            texts.append(t)
+            n_chars += len(t)
+    tok_texts, c = [], 0
+    for t in np.random.default_rng(args.seed).permutation(np.array(texts, dtype=object)):
+        tok_texts.append(t)
+        c += len(t)
+        if c >= s.tokenizer_chars:
+            break
+    tok = train_tokenizer(tok_texts, s.vocab)
+    vocab = tok.get_vocab_size()
+    eos_id, mask_id = tok.token_to_id(EOS_TOKEN), tok.token_to_id(MASK_TOKEN)
+    docs = [np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)]
+    stream = np.concatenate([np.concatenate([d, [eos_id]]) for d in docs]).astype(np.int32)
+    held_docs = encode_files(tok, held_files)
+    results["corpus"] = {"source": "Python standard library .py files (PSF license) at " + str(
+        Path(files[0]).parent if files else ""), "python": platform.python_version(), "train_files": len(train_files),
+        "held_out_files": len(held_files), "train_chars": n_chars, "train_tokens": int(len(stream)),
+        "vocab": vocab, "held_out_tokens": int(sum(len(d) for d in held_docs))}
+    log(f"corpus: {len(train_files)} files, {n_chars / 1e6:.1f}M chars -> {len(stream) / 1e6:.2f}M tokens "
+        f"(vocab {vocab}); held out {len(held_files)} files")
+    tcfg = s.target.replace(vocab_size=vocab, eos_token_ids=(eos_id,))
+
+    # 2. Target.
+    target = Qwen35(tcfg, rngs=nnx.Rngs(args.seed))
+    graphdef, params = nnx.split(target)
+    tr = Trainer(target_loss(graphdef), params, (), stream_batches(stream, s.t_batch, s.t_seq, args.seed),
+                 steps=s.t_max_steps, opt=OptConfig(lr=s.t_lr, warmup=min(200, s.t_max_steps // 10)),
+                 ckpt_dir=work / "ckpt_target", ckpt_every=args.ckpt_every, name="target")
+    if not tr.restore():
+        tr.steps = calibrate_steps(tr, at(0.38) - time.time(), cap=s.t_max_steps)
+        tr.warmup = min(200, max(tr.steps // 10, 1))
+    tr.run(deadline=at(0.40))
+    target = nnx.merge(graphdef, jax.device_get(tr.params))
+    results["target"] = {"config": dataclasses.asdict(tcfg), "steps": tr.step, "tokens_seen": tr.step * s.t_batch * s.t_seq,
+                         "final_loss": float(np.mean(tr.losses[-20:])),
+                         "params": int(sum(x.size for x in jax.tree.leaves(params)))}
+    loss_curve_png(out / "target_loss.png", tr.losses)
+    export_dtype = "float32" if args.tiny else "bfloat16"
+    if tdir.exists():
+        shutil.rmtree(tdir)
+    export_target(rebuild(Qwen35, tcfg.replace(dtype=export_dtype), tr.params), tdir)
+    save_tokenizer(tok, tdir)
+    # Everything downstream uses the target exactly as shipped: read back from the exported files.
+    target = load_target(tdir, dtype=args.eval_dtype)
+    log(f"target: {tr.step} steps, loss {results['target']['final_loss']:.3f}; exported to {tdir}")
+
+    # 3. The target's greedy generations (the drafter's training data).
+    t0 = time.time()
+    n_gen = s.gen_n
+    prompts = prompts_from(docs, n_gen, s.prompt_len, args.seed + 1)
+    seqs = []
+    for i in range(0, n_gen, s.gen_batch):
+        seqs.append(greedy_generate(target, prompts[i:i + s.gen_batch], s.gen_new, s.gen_batch))
+        if time.time() > at(0.47):
+            break
+    seqs = np.concatenate(seqs)
+    results["drafter_data"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len, "generated": s.gen_new,
+                               "seconds": time.time() - t0}
+    log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t0:.1f}s")
+
+    # 4. Drafter.
+    dcfg = make_drafter_config(s, tcfg, mask_id, dtype="float32")
+    drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
+    dgraph, dparams = nnx.split(drafter)
+    frozen_graph, frozen = nnx.split(load_target(tdir, dtype="float32"))
+    dtr = Trainer(drafter_loss(dgraph, frozen_graph, default_gamma(s.block)), dparams, frozen,
+                  drafter_batches(seqs, s.prompt_len - 1, s.d_batch, s.block, s.d_anchors, args.seed + 3),
+                  steps=s.d_max_steps, opt=OptConfig(lr=s.d_lr, warmup=min(200, s.d_max_steps // 10)),
+                  ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter")
+    if not dtr.restore():
+        dtr.steps = calibrate_steps(dtr, at(0.70) - time.time(), cap=s.d_max_steps)
+        dtr.warmup = min(200, max(dtr.steps // 25, 1))
+    dtr.run(deadline=at(0.72))
+    loss_curve_png(out / "drafter_loss.png", dtr.losses)
+    if ddir.exists():
+        shutil.rmtree(ddir)
+    export_drafter(rebuild(Drafter, dcfg.replace(dtype=export_dtype), dtr.params), ddir,
+                   num_target_layers=tcfg.num_layers)
+    results["drafter"] = {"config": dataclasses.asdict(dcfg), "steps": dtr.step, "gamma": default_gamma(s.block),
+                          "anchors_per_seq": s.d_anchors, "final_loss": float(np.mean(dtr.losses[-20:])),
+                          "params": int(sum(x.size for x in jax.tree.leaves(dparams)))}
+    log(f"drafter: {dtr.step} steps, loss {results['drafter']['final_loss']:.3f}; exported to {ddir}")
+
+    # 5. Held-out evaluation, on the exported files.
+    eval_prompts = prompts_from(held_docs, s.eval_prompts, s.prompt_len, args.seed + 4)
+    target = load_target(tdir, dtype=args.eval_dtype)
+    drafter = load_drafter(ddir, dtype=args.eval_dtype)
+    results["eval"] = {"prompts": int(len(eval_prompts)), "prompt_len": s.prompt_len, "max_new_tokens": s.eval_new,
+                       "dtype": args.eval_dtype, "greedy": True, "batch": 1, "block": s.block,
+                       "matmul_precision": "highest"}
+    with jax.default_matmul_precision("highest"):
+        results["eval"]["methods"] = evaluate(target, drafter, eval_prompts, s.eval_new, s.block, tuple(s.budgets),
+                                              deadline=t_start + budget)
+    results["wall_s"] = time.time() - t_start
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    shutil.copyfile(out / "results.json", pair / "results.json")
+    for png in ("target_loss.png", "drafter_loss.png"):
+        shutil.copyfile(out / png, pair / png)
+    pack(pair, out, part_bytes=args.part_mb * 2**20)
+    log(f"pair: done in {results['wall_s']:.0f}s; results in {out / 'results.json'}")
+    return 0
+
+
+def rebuild(cls, cfg, params):
+    """`cls(cfg)` holding `params` (the state of a model of the same shapes) cast to cfg.dtype, on the host."""
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+    return nnx.merge(graphdef, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), jax.device_get(params)))
+
+
+def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
+    """pair/ -> out/pair.tar.00, .01, ... (each <= part_bytes); `cat pair.tar.* | tar -x` restores it."""
+    tar = out / "pair.tar"
+    with tarfile.open(tar, "w") as tf:
+        tf.add(pair, arcname="demo")
+    data = tar.read_bytes()
+    tar.unlink()
+    for old in out.glob("pair.tar.*"):
+        old.unlink()
+    parts = []
+    for i in range(0, len(data), part_bytes):
+        p = out / f"pair.tar.{i // part_bytes:02d}"
+        p.write_bytes(data[i:i + part_bytes])
+        parts.append(p)
+    return parts
+
+
+# ------------------------------------------------------------------------------------------------
+# `drafter`: a drafter for an existing target
+
+
+def run_drafter(args) -> int:
+    from convert.store import load_model
+    from jaxspec.export import export_drafter
+    from jaxspec.plot import loss_curve_png
+    from jaxspec.tokenizer import load_tokenizer
+
+    t_start = time.time()
+    target = load_model(args.target, dtype="float32")
+    tok = load_tokenizer(args.target)
+    files = []
+    for p in args.text:
+        p = Path(p)
+        files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".txt", ".md")) if p.is_dir() else [p]
+    docs = [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in files) if t]
+    prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
+    seqs = np.concatenate([greedy_generate(target, prompts[i:i + args.gen_batch], args.gen_new, args.gen_batch)
+                           for i in range(0, len(prompts), args.gen_batch)])
+    log(f"data: {len(seqs)} greedy continuations")
+    n_layers = target.cfg.num_layers
+    taps = tuple(args.taps) if args.taps else tuple(sorted({round(1 + i * (n_layers - 3) / max(args.n_taps - 1, 1))
+                                                             for i in range(args.n_taps)}))
+    dcfg = DrafterConfig(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.hidden_size,
+                         intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
+                         num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
+                         rope_theta=target.cfg.rope_theta, target_layer_ids=taps, mask_token_id=args.mask_token_id,
+                         block_size=args.block, dtype="float32")
+    drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed))
+    dgraph, dparams = nnx.split(drafter)
+    tgraph, tparams = nnx.split(target)
+    gamma = args.gamma or default_gamma(args.block)
+    tr = Trainer(drafter_loss(dgraph, tgraph, gamma), dparams, tparams,
+                 drafter_batches(seqs, args.prompt_len - 1, args.batch, args.block, args.anchors, args.seed + 1),
+                 steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
+                 ckpt_dir=Path(args.out).absolute() / "ckpt", ckpt_every=args.ckpt_every, name="drafter")
+    tr.restore()
+    deadline = t_start + args.time_budget_s if args.time_budget_s else None
+    tr.run(deadline=deadline)
+    out = Path(args.out)
+    loss_curve_png(out / "drafter_loss.png", tr.losses)
+    export_drafter(rebuild(Drafter, dcfg.replace(dtype=args.dtype), tr.params), out / "drafter",
+                   num_target_layers=n_layers)
+    log(f"drafter: {tr.step} steps, loss {np.mean(tr.losses[-20:]):.4f}; wrote {out / 'drafter'}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxspec.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("pair", help="train the demo target + DFlash drafter end to end and evaluate them")
+    a.add_argument("--out", required=True, help="output dir: pair.tar.NN parts, results.json, loss PNGs")
+    a.add_argument("--work", help="scratch dir for checkpoints and the unpacked pair (default: OUT/work)")
+    a.add_argument("--time-budget-s", type=float, default=480, help="wall-clock budget, all phases (default: %(default)s)")
+    a.add_argument("--tiny", action="store_true", help="toy sizes: runs end to end on a CPU in about a minute")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--ckpt-every", type=int, default=500)
+    a.add_argument("--eval-dtype", default="float32", choices=("float32", "bfloat16"))
+    a.add_argument("--part-mb", type=int, default=15, help="size of each pair.tar part (default: %(default)s MiB)")
+    a.set_defaults(func=run_pair)
+    d = sub.add_parser("drafter", help="train a DFlash drafter for an existing target on its greedy generations")
+    d.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
+    d.add_argument("--text", nargs="+", required=True, help="text files or dirs (.py/.txt/.md) to cut prompts from")
+    d.add_argument("--out", required=True, help="writes OUT/drafter (z-lab layout), OUT/ckpt, OUT/drafter_loss.png")
+    d.add_argument("--block", type=int, default=16)
+    d.add_argument("--layers", type=int, default=2)
+    d.add_argument("--heads", type=int, default=4)
+    d.add_argument("--kv-heads", type=int, default=2)
+    d.add_argument("--head-dim", type=int, default=64)
+    d.add_argument("--ffn", type=int, default=None, help="MLP width (default: 3 x hidden)")
+    d.add_argument("--n-taps", type=int, default=3)
+    d.add_argument("--taps", type=int, nargs="*", help="target layer ids to tap (default: uniform)")
+    d.add_argument("--mask-token-id", type=int, required=True)
+    d.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7 for B=16)")
+    d.add_argument("--sequences", type=int, default=1024)
+    d.add_argument("--prompt-len", type=int, default=64)
+    d.add_argument("--gen-new", type=int, default=192)
+    d.add_argument("--gen-batch", type=int, default=256)
+    d.add_argument("--batch", type=int, default=32)
+    d.add_argument("--anchors", type=int, default=16)
+    d.add_argument("--steps", type=int, default=2000)
+    d.add_argument("--lr", type=float, default=6e-4)
+    d.add_argument("--ckpt-every", type=int, default=200)
+    d.add_argument("--time-budget-s", type=float, default=None)
+    d.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=run_drafter)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
