@@ -7,6 +7,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.verify import target_choice
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
@@ -46,7 +48,11 @@ def log_probs(logits, s: Sampling):
 
 
 def choose(key, logits, s: Sampling):
-    """The target's own choice at every position: argmax, or one independent sample each. [...]"""
+    """The target's own choice at every position: argmax, or one independent sample each. [...]
+    Greedy and temperature-only sampling go through the verify op (pallas_kernels/verify, dispatched by
+    JAXSPEC_VERIFY; its default is this function's jnp math); top-k / top-p stay here."""
     if s.greedy:
-        return jnp.argmax(logits, -1).astype(jnp.int32)
+        return target_choice(key, logits, 0.0)
+    if s.top_k == 0 and s.top_p == 1.0:
+        return target_choice(key, logits, s.temperature)
     return jax.random.categorical(key, log_probs(logits, s), -1).astype(jnp.int32)

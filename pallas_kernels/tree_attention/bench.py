@@ -1,0 +1,121 @@
+"""Time tree attention at the real shape (24 q / 4 kv heads of 256, bf16) against the copy bandwidth.
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.tree_attention.bench [--sweep] [--json out.json]
+
+For each committed prefix (1K, 32K, 128K tokens) and tree size N (1, 16, 65): one jit applies the op to
+`--layers` distinct caches in sequence (each layer's queries depend on the previous output, so nothing
+is hoisted; distinct caches, so L2 does not serve a second read), cache length L = 2 * prefix + N
+(the op must read only the first start + N slots). Reported per layer: time, the KV bytes it must
+read (2 * (start + N) * KV * hd * 2 B) over that time, and that rate as a fraction of a measured
+device copy (read + write bytes / time of x + 1 over 1 GiB). `--sweep` adds the kernel's tile and
+warp variants at N = 65.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.tree_attention import arg_specs, pallas_triton, reference
+
+
+def timed(fn, *args, iters):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def copy_bandwidth(iters):
+    x = jnp.ones((1 << 29,), jnp.bfloat16)                  # 1 GiB
+    t = timed(jax.jit(lambda x: x + 1), x, iters=iters)
+    return 2 * x.nbytes / t
+
+
+def implementations(sweep: bool, on_gpu: bool, n: int):
+    impls = {"reference": reference.tree_attention}
+    if not on_gpu:
+        return impls
+    impls["pallas_triton"] = pallas_triton.tree_attention
+    if sweep and n == 65:
+        for block_q in (16, 32, 64):
+            for block_k, num_warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
+                impls[f"pallas_triton/q{block_q}/k{block_k}/w{num_warps}"] = functools.partial(
+                    pallas_triton.tree_attention, block_q=block_q, block_k=block_k, num_warps=num_warps)
+    return impls
+
+
+def stacked(fn, layers):
+    def run(q, caches, start, anc):
+        out = None
+        for keys, values in caches:
+            out = fn(q, keys, values, start, anc)
+            q = q + (1e-3 * out).astype(q.dtype)       # the next layer depends on this one
+        return out
+    return jax.jit(run)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prefixes", default=",".join(map(str, arg_specs.PREFIXES)))
+    p.add_argument("--sizes", default=",".join(map(str, arg_specs.VERIFY_SIZES)))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--no-reference", action="store_true", help="skip the jnp reference (it reads all L slots)")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    copy_bw = copy_bandwidth(a.iters)
+    h, kv, hd = arg_specs.REAL_HEADS, arg_specs.REAL_KV_HEADS, arg_specs.REAL_HEAD_DIM
+    print(f"{jax.devices()[0].device_kind}; copy {copy_bw / 1e12:.2f} TB/s; batch {a.batch}, {h}/{kv} heads of "
+          f"{hd}, bf16; per layer, median of {a.iters} calls of {a.layers} layers", flush=True)
+    rows = []
+    for prefix in map(int, a.prefixes.split(",")):
+        for n in map(int, a.sizes.split(",")):
+            spec = arg_specs.Spec(a.batch, n, prefix, ragged=False, slack=prefix, dtype="bfloat16")
+            caches, q = [], None
+            for layer in range(a.layers):
+                q_l, keys, values, start, anc = arg_specs.make_inputs(1000 * prefix + 10 * n + layer, spec)
+                q = q_l if q is None else q
+                caches.append((keys, values))
+            kv_bytes = 2 * a.batch * (prefix + n) * kv * hd * 2
+            for name, fn in implementations(a.sweep, on_gpu, n).items():
+                if name == "reference" and a.no_reference:
+                    continue
+                run = stacked(fn, a.layers)
+                t0 = time.perf_counter()
+                try:
+                    out = jax.block_until_ready(run(q, caches, start, anc))
+                except Exception as e:  # a variant that does not compile is a result, not a crash
+                    print(f"prefix {prefix:6d} N={n:4d} {name:32s} failed: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:100]}", flush=True)
+                    rows.append(dict(prefix=prefix, n=n, impl=name, error=str(e)[:500]))
+                    continue
+                compile_s = time.perf_counter() - t0
+                t = timed(run, q, caches, start, anc, iters=a.iters) / a.layers
+                bw = kv_bytes / t
+                rows.append(dict(prefix=prefix, n=n, impl=name, us_per_layer=t * 1e6, kv_bytes=kv_bytes,
+                                 bytes_per_s=bw, frac_of_copy=bw / copy_bw, compile_s=compile_s,
+                                 finite=bool(jnp.isfinite(out.astype(jnp.float32)).all())))
+                print(f"prefix {prefix:6d} N={n:4d} {name:32s} {t * 1e6:9.1f} us/layer  {bw / 1e12:5.2f} TB/s "
+                      f"({bw / copy_bw:5.1%} of copy)  compile {compile_s:.1f} s", flush=True)
+            del caches
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
+                           layers=a.layers, copy_bytes_per_s=copy_bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The public per-node target choice: one contract (reference.target_choice), several implementations.
+
+| implementation     | what                                                               | default      |
+| ------------------ | ------------------------------------------------------------------ | ------------ |
+| "reference"        | jnp.argmax / jax.random.categorical (reference.target_choice)      | everywhere   |
+| "xla"              | the kernel's hash Gumbel-max in jnp (reference.gumbel_choice)       | never        |
+| "pallas_triton"    | one pass over the logits, Triton lowering (pallas_triton.py)       | never (yet)  |
+| "pallas_interpret" | the kernel's body run by the CPU interpreter                       | never (tests)|
+
+Greedy gives the same tokens whatever the implementation (argmax, lowest index on ties). Sampling at a
+temperature draws from the same distribution, softmax(logits / T), but from different random bits:
+"reference" keeps the tokens jaxspec produced before this op existed, and stays the default until the
+kernel's GPU tests pass on the H200. An explicit `implementation=` wins; else the environment variable
+JAXSPEC_VERIFY (read when the caller is traced); else "reference".
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+
+from pallas_kernels.verify import pallas_triton, reference
+
+ENV_VAR = "JAXSPEC_VERIFY"
+IMPLEMENTATIONS = ("reference", "xla", "pallas_triton", "pallas_interpret")
+
+
+def resolve(implementation: str | None = None) -> str:
+    name = implementation or os.environ.get(ENV_VAR) or None
+    if name is None:
+        return "reference"
+    if name not in IMPLEMENTATIONS:
+        source = "implementation" if implementation else ENV_VAR
+        raise ValueError(f"{source}={name!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
+    return name
+
+
+def target_choice(key, logits, temperature: float, *, implementation: str | None = None):
+    """The target's choice at every row of logits [..., V]: argmax at temperature 0, else one
+    independent sample of softmax(logits / T) per row, from `key` (a jax.random key; unused when
+    greedy, may be None then). Returns [...] int32."""
+    name = resolve(implementation)
+    if name == "reference":
+        return reference.target_choice(key, logits, temperature)
+    seed = jnp.zeros((2,), jnp.uint32) if key is None or temperature == 0.0 else reference.seed_words(key)
+    x = logits.reshape(-1, logits.shape[-1])
+    if name == "xla":
+        out = reference.gumbel_choice(seed, x, temperature)
+    else:
+        out = pallas_triton.gumbel_choice(seed, x, temperature, interpret=name == "pallas_interpret")
+    return out.reshape(logits.shape[:-1])

@@ -1,0 +1,58 @@
+"""The target's choice at every tree node, from its logits [..., V]: the spec and the test oracles.
+
+* `target_choice` is the spec: greedy is jnp.argmax (lowest index on ties); at temperature T a
+  sample of softmax(logits / T) by jax.random.categorical (what jaxspec.sampling.choose computed).
+* `gumbel_choice` is the kernel's own math in jnp, bit for bit on the CPU: Gumbel-max,
+  argmax_v(logits_v / T + g_v), with g_v = -log(-log(u_v)) and u_v a counter-based hash of
+  (seed, row, v) instead of a stream of jax.random bits, so that the noise is made where the logits are
+  read (one pass over them). It samples softmax(logits / T) up to the hash's 24-bit uniforms, which
+  truncate the Gumbel tails at probabilities below 1e-7 (tests/test_verify_kernel.py checks the
+  distribution).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def target_choice(key, logits, temperature: float):
+    """[...] int32: argmax (temperature 0) or one independent sample per row."""
+    if temperature == 0.0:
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+    x = logits.astype(jnp.float32) / temperature
+    return jax.random.categorical(key, jax.nn.log_softmax(x, -1), -1).astype(jnp.int32)
+
+
+def seed_words(key):
+    """Two uint32 words of a jax.random key: the kernel's seed."""
+    return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def _mix(x):
+    """A 32-bit integer finaliser (xor-shift-multiply): every input bit reaches every output bit."""
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def gumbel(seed, rows, cols):
+    """Gumbel(0, 1) noise of element (row, col), uint32 rows/cols broadcast together; seed [2] uint32."""
+    h = _mix(_mix(rows ^ seed[0]) + cols)
+    h = _mix(h ^ seed[1])
+    u = ((h >> 8).astype(jnp.int32).astype(jnp.float32) + 0.5) * np.float32(2.0 ** -24)   # in (0, 1)
+    return -jnp.log(-jnp.log(u))
+
+
+def gumbel_choice(seed, logits, temperature: float):
+    """[R] int32 for logits [R, V]: argmax of logits (temperature 0) or of logits / T + noise."""
+    x = logits.astype(jnp.float32)
+    if temperature != 0.0:
+        r, v = x.shape
+        rows = jnp.arange(r, dtype=jnp.uint32)[:, None]
+        cols = jnp.arange(v, dtype=jnp.uint32)[None, :]
+        x = x * np.float32(1.0 / temperature) + gumbel(seed, rows, cols)
+    return jnp.argmax(x, -1).astype(jnp.int32)
