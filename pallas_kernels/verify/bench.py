@@ -1,0 +1,56 @@
+"""Time the per-node target choice at the real vocabulary (V = 248320) against the copy bandwidth.
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.verify.bench [--json out.json]
+
+Rows R = B * N tree nodes (1, 16, 65, 1025), fp32 logits (what Qwen35.logits returns). Reported per
+call: time and the logits bytes over that time as a fraction of a measured device copy (read + write of
+1 GiB); greedy and temperature sampling, for the kernel, its jnp twin ("xla") and the jax.random
+reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.tree_attention.bench import copy_bandwidth, timed
+from pallas_kernels.verify import api
+
+VOCAB = 248320
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default="1,16,65,1025")
+    p.add_argument("--vocab", type=int, default=VOCAB)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    copy_bw = copy_bandwidth(a.iters)
+    print(f"{jax.devices()[0].device_kind}; copy {copy_bw / 1e12:.2f} TB/s; V = {a.vocab}, fp32 logits", flush=True)
+    impls = ["reference", "xla"] + (["pallas_triton"] if on_gpu else [])
+    rows = []
+    for r in map(int, a.rows.split(",")):
+        x = jax.random.normal(jax.random.key(r), (r, a.vocab), jnp.float32)
+        key = jax.random.key(0)
+        for t in (0.0, 0.8):
+            for impl in impls:
+                fn = jax.jit(functools.partial(api.target_choice, temperature=t, implementation=impl))
+                s = timed(fn, key, x, iters=a.iters)
+                bw = x.nbytes / s
+                rows.append(dict(rows=r, temperature=t, impl=impl, us=s * 1e6, bytes_per_s=bw, frac_of_copy=bw / copy_bw))
+                print(f"R={r:5d} T={t:.1f} {impl:14s} {s * 1e6:9.1f} us  {bw / 1e12:5.2f} TB/s "
+                      f"({bw / copy_bw:5.1%} of copy)", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, copy_bytes_per_s=copy_bw,
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
