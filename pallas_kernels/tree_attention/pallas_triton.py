@@ -126,7 +126,7 @@ def default_splits(batch, kv_heads, row_blocks, length, block_k):
 def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=64, splits=None,
                    num_warps=None, num_stages=2):
     """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
-    >= 16; default up to 64); block_k: keys per tile; splits: programs sharing the prefix (default
+    >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
     `default_splits`)."""
     b, n, h, hd = q.shape
     length, kvh = keys.shape[1], keys.shape[2]
@@ -136,7 +136,8 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     group = h // kvh
     rows = n * group
     block_k = min(block_k, 1 << (length.bit_length() - 1))      # a tile fits in the cache
-    block_q = block_q or min(64, max(16, pl.next_power_of_2(rows)))
+    # fp32 tiles take twice the registers (and fp32 dots run as FMA, not on tensor cores)
+    block_q = block_q or min(64 if keys.dtype.itemsize == 2 else 32, max(16, pl.next_power_of_2(rows)))
     row_blocks = pl.cdiv(rows, block_q)
     r_pad = row_blocks * block_q
     splits = splits or default_splits(b, kvh, row_blocks, length, block_k)
