@@ -107,8 +107,13 @@ def adamw_update(params, grads, opt, step, steps: int, o: OptConfig):
 # The generic loop: jitted step, data parallel, Orbax checkpoints, resume, progress, time budget
 
 
-def data_mesh():
-    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+def data_mesh(batch: int | None = None):
+    """A 1-D ("data",) mesh over the most devices that divide `batch` evenly (all of them when None)."""
+    n = jax.device_count()
+    if batch is not None:
+        n = max(k for k in range(1, n + 1) if batch % k == 0)
+    return jax.sharding.Mesh(np.asarray(jax.devices()[:n]), ("data",),
+                             axis_types=(jax.sharding.AxisType.Auto,))
 
 
 class Trainer:
@@ -128,7 +133,11 @@ class Trainer:
         self.loss_fn, self.batch_at, self.steps, self.opt = loss_fn, batch_at, int(steps), opt
         self.warmup = opt.warmup
         self.name, self.log_every, self.ckpt_every = name, log_every, ckpt_every
-        self.mesh = data_mesh()
+        first = batch_at(0)
+        self.mesh = data_mesh(len(next(iter(first.values()))))
+        if self.mesh.size < jax.device_count():
+            log(f"{name}: batch {len(next(iter(first.values())))} is data parallel over {self.mesh.size} of "
+                f"{jax.device_count()} devices (make it a multiple of the device count to use them all)")
         rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.data_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("data"))
         self.params = jax.device_put(params, rep)

@@ -1,0 +1,276 @@
+"""Drafter training (jaxspec/train.py) and the HF exporter (jaxspec/export.py), at toy shapes on CPU."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec import train
+from jaxspec.config import FULL
+from jaxspec.drafter import Drafter
+from jaxspec.drafter_config import SLIDING, DrafterConfig
+from jaxspec.model import Qwen35
+from jaxspec.tree import chain
+
+
+def tiny_target(seed=0, dtype="float32"):
+    cfg = train.tiny_sizes().target.replace(dtype=dtype)
+    return Qwen35(cfg, rngs=nnx.Rngs(seed))
+
+
+def tiny_drafter(layer_types=(FULL, SLIDING), window=5, block=6, seed=1, dtype="float32", scale=None):
+    tcfg = train.tiny_sizes().target
+    cfg = DrafterConfig(vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size, intermediate_size=48,
+                        num_heads=2, num_kv_heads=1, head_dim=16, layer_types=tuple(layer_types), rope_theta=1e4,
+                        target_layer_ids=(0, 2), mask_token_id=1, block_size=block, sliding_window=window,
+                        dtype=dtype)
+    d = Drafter(cfg, rngs=nnx.Rngs(seed))
+    if scale:  # O(1) weights, so that a wrong mask shows in the logits
+        _, st = nnx.split(d)
+        keys = jax.random.split(jax.random.key(seed), len(jax.tree.leaves(st)))
+        st = jax.tree.unflatten(jax.tree.structure(st), [
+            (jax.random.normal(k, x.shape) / np.sqrt(x.shape[0]) if x.ndim == 2 else 1 + 0.3 * jax.random.normal(k, x.shape)).astype(x.dtype)
+            for k, x in zip(keys, jax.tree.leaves(st))])
+        nnx.update(d, st)
+    return d
+
+
+# ------------------------------------------------------------------------------------------------
+# Masks and the loss
+
+
+def recipe_mask(anchors, t, block, causal, window):
+    """reference/dflash.md section 4, written out one query and key at a time."""
+    b, a = anchors.shape
+    m = np.zeros((b, a * block, t + a * block), bool)
+    for s in range(b):
+        for j in range(a):
+            for i in range(block):
+                q = anchors[s, j] + i
+                allow = lambda kp: (not causal or q - kp >= 0) and (window is None or abs(q - kp) < window)
+                for p in range(t):
+                    m[s, j * block + i, p] = p < anchors[s, j] and allow(p)
+                for i2 in range(block):
+                    m[s, j * block + i, t + j * block + i2] = allow(anchors[s, j] + i2)
+    return m
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 3), (False, 4)])
+def test_block_masks_equal_the_recipe(causal, window):
+    anchors = np.array([[1, 4, 9], [0, 2, 10]], np.int32)
+    t, block = 14, 4
+    got, q_pos = train.block_masks(jnp.asarray(anchors), t, block, causal, window)
+    np.testing.assert_array_equal(np.asarray(got), recipe_mask(anchors, t, block, causal, window))
+    np.testing.assert_array_equal(np.asarray(q_pos)[0, :4], [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("layer_types", [(FULL, FULL), (SLIDING, FULL)])
+def test_training_logits_equal_inference_draft(layer_types):
+    """Every block of the training forward = `Drafter.add_context` (rows before the anchor) + `draft`."""
+    drafter = tiny_drafter(layer_types, window=5, scale=True)
+    cfg = drafter.cfg
+    b, t = 2, 20
+    rng = np.random.default_rng(0)
+    taps = jnp.asarray(rng.normal(size=(b, t, cfg.n_taps, cfg.hidden_size)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(2, cfg.vocab_size, (b, t)), jnp.int32)
+    anchors = jnp.asarray([[1, 7, 12], [3, 5, 14]], jnp.int32)
+    embed = jnp.asarray(rng.normal(size=(cfg.vocab_size, cfg.hidden_size)), jnp.float32)
+    head = jnp.asarray(rng.normal(size=(cfg.hidden_size, cfg.vocab_size)) / 6, jnp.float32)
+    g, p = nnx.split(drafter)
+
+    @jax.jit
+    def one_block(p, taps, anchor_tok, n):
+        d = nnx.merge(g, p)
+        return d.draft(d.add_context(d.init_cache(1, t), taps, n), anchor_tok, embed, head)
+
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(lambda p: train.drafter_block_logits(nnx.merge(g, p), taps, tokens, anchors, embed, head))(p)
+        for s in range(b):
+            for j in range(anchors.shape[1]):
+                a = int(anchors[s, j])
+                want = one_block(p, taps[s:s + 1], tokens[s:s + 1, a], jnp.asarray(a, jnp.int32))
+                np.testing.assert_allclose(np.asarray(got[s, j]), np.asarray(want[0]), rtol=2e-5, atol=2e-5)
+
+
+def test_loss_weights():
+    w = train.loss_weights(16, train.default_gamma(16))
+    assert train.default_gamma(16) == 7.0 and len(w) == 15
+    np.testing.assert_allclose(w, np.exp(-np.arange(15) / 7.0), rtol=1e-6)
+
+
+def test_loss_is_weighted_mean_of_slot_ce():
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4)
+    tg, tp = nnx.split(target)
+    dg, dp = nnx.split(drafter)
+    rng = np.random.default_rng(1)
+    batch = {"tokens": jnp.asarray(rng.integers(2, 320, (2, 16)), jnp.int32),
+             "anchors": jnp.asarray([[2, 9], [0, 11]], jnp.int32)}
+    loss = jax.jit(train.drafter_loss(dg, tg, 2.0))(dp, tp, batch)
+
+    @jax.jit
+    def block_logits(dp, tp, batch):
+        target, drafter = nnx.merge(tg, tp), nnx.merge(dg, dp)
+        _, taps, _, _ = target(batch["tokens"], target.init_state(2, 16), chain(2, 16), taps=(0, 2))
+        return train.drafter_block_logits(drafter, taps, batch["tokens"], batch["anchors"], target.embed_tokens[...],
+                                          target.unembedding())
+
+    logits = block_logits(dp, tp, batch)
+    logp = np.asarray(jax.nn.log_softmax(logits, -1))
+    w = np.exp(-np.arange(3) / 2.0)
+    total = 0.0
+    for s in range(2):
+        for j in range(2):
+            a = int(batch["anchors"][s, j])
+            ce = [-logp[s, j, k - 1, int(batch["tokens"][s, a + k])] for k in range(1, 4)]
+            total += (w * ce).sum() / w.sum()
+    np.testing.assert_allclose(float(loss), total / 4, rtol=1e-5)
+
+
+def test_sample_anchors():
+    a = train.sample_anchors(np.random.default_rng(0), 3, 40, 8, 5, np.array([10, 0, 27]))
+    assert a.shape == (3, 5) and (np.diff(a, axis=1) > 0).all()
+    assert (a[0] >= 10).all() and (a <= 32).all() and (a[2] >= 27).all()
+    with pytest.raises(ValueError):
+        train.sample_anchors(np.random.default_rng(0), 1, 20, 8, 14, 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+
+
+def _drafter_trainer(tmp_path=None, steps=40, fixed=True):
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4)
+    tg, tp = nnx.split(target)
+    dg, dp = nnx.split(drafter)
+    rng = np.random.default_rng(0)
+    seqs = rng.integers(2, 320, (8, 24)).astype(np.int32)
+    seqs[:, 1::2] = seqs[:, 0::2]      # learnable structure: every odd token repeats the one before
+    data = train.drafter_batches(seqs, 1, 4, 4, 3, seed=0)
+    batch_at = (lambda step: data(0)) if fixed else data
+    return train.Trainer(train.drafter_loss(dg, tg, 2.0), dp, tp, batch_at, steps=steps,
+                         opt=train.OptConfig(lr=1e-2, warmup=3), ckpt_dir=tmp_path, ckpt_every=0, name="t",
+                         log_every=1000)
+
+
+def test_loss_decreases_on_a_fixed_batch():
+    tr = _drafter_trainer(steps=30)
+    losses = tr.run()
+    assert len(losses) == 30 and losses[-1] < 0.9 * losses[0] and losses[-1] < min(losses[:10]), losses
+
+
+@pytest.mark.slow
+def test_target_loss_decreases():
+    target = tiny_target()
+    g, p = nnx.split(target)
+    stream = np.tile(np.arange(2, 40, dtype=np.int32), 50)
+    tr = train.Trainer(train.target_loss(g), p, (), train.stream_batches(stream, 4, 32, 0), steps=25,
+                       opt=train.OptConfig(lr=1e-2, warmup=3), name="lm", log_every=1000)
+    losses = tr.run()
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_next_step(tmp_path):
+    ref = _drafter_trainer(steps=6, fixed=False)
+    ref.run()
+    first = _drafter_trainer(tmp_path / "ck", steps=6, fixed=False)
+    first.run(max_steps=4)                           # "interrupted" after 4 steps; saved on exit
+    assert first.step == 4
+    again = _drafter_trainer(tmp_path / "ck", steps=6, fixed=False)
+    assert again.restore() and again.step == 4 and again.losses == first.losses
+    again.run()
+    np.testing.assert_allclose(again.losses, ref.losses, rtol=1e-6)
+    for x, y in zip(jax.tree.leaves(again.params), jax.tree.leaves(ref.params)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_adamw_schedule():
+    o = train.OptConfig(lr=1.0, warmup=10, min_lr_frac=0.1)
+    assert float(train.lr_at(0, 100, o)) == pytest.approx(0.1)
+    assert float(train.lr_at(9, 100, o)) == pytest.approx(1.0)
+    assert float(train.lr_at(100, 100, o)) == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Export -> load round trips, PNG
+
+
+def _bits(model):
+    return {p: np.ascontiguousarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_target_round_trips_exactly(tmp_path, dtype):
+    from convert.hf import load_target
+    from jaxspec.export import export_target
+    model = tiny_target(3, dtype)
+    export_target(model, tmp_path, max_shard_bytes=20_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1            # sharded
+    back = load_target(tmp_path)
+    assert back.cfg == model.cfg
+    a, b = _bits(model), _bits(back)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+
+
+def test_export_drafter_round_trips_exactly(tmp_path):
+    from convert.drafter import load_drafter
+    from jaxspec.export import export_drafter
+    model = tiny_drafter((SLIDING, FULL), window=5, dtype="bfloat16", scale=True)
+    export_drafter(model, tmp_path, num_target_layers=4)
+    back = load_drafter(tmp_path)
+    assert back.cfg == model.cfg
+    a, b = _bits(model), _bits(back)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+
+
+def test_loss_curve_png(tmp_path):
+    from jaxspec.plot import loss_curve_png
+    loss_curve_png(tmp_path / "c.png", list(np.exp(-np.arange(200) / 50) + 0.1 * np.random.default_rng(0).random(200)))
+    data = (tmp_path / "c.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    idat = data.index(b"IDAT")
+    n = int.from_bytes(data[idat - 4:idat], "big")
+    raw = zlib.decompress(data[idat + 4:idat + 4 + n])
+    assert len(raw) == 400 * (1 + 640 * 3)
+
+
+def test_help():
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    assert e.value.code == 0
+
+
+@pytest.mark.slow
+def test_pair_tiny_end_to_end(tmp_path):
+    """The whole pipeline at toy sizes: outputs, results, and the exported pair runs in generate."""
+    import subprocess
+    import sys
+    import tarfile
+    out = tmp_path / "out"
+    assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "120"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    m = res["eval"]["methods"]
+    assert m["ar"]["tau"] == 1.0 and m["dflash"]["identical_to_ar"] and m["dflash"]["tau"] >= 1.0
+    assert any(k.startswith("ddtree") for k in m)
+    files = [p for p in out.iterdir() if p.is_file()]
+    assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
+    demo = tmp_path / "unpacked"
+    demo.mkdir()
+    (tmp_path / "pair.tar").write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("pair.tar.*"))))
+    with tarfile.open(tmp_path / "pair.tar") as tf:
+        tf.extractall(demo, filter="data")
+    env = dict(__import__("os").environ, JAXSPEC_DEMO_DIR=str(demo / "demo"), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-m", "jaxspec.generate", "--max-new-tokens", "12"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "speedup" in r.stderr and "ddtree" in r.stderr
