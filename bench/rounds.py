@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 
@@ -100,8 +101,14 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
     ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing")
     ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--phases", default="ar,dflash,ddtree,mtp",
+                    help="groups to time: ar (the AR device loop), dflash, ddtree, mtp; the AR step always runs")
+    ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
+    groups = {g for g in args.phases.split(",") if g}
+    if groups - {"ar", "dflash", "ddtree", "mtp"}:
+        ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
+                 "choose from ar,dflash,ddtree,mtp")
 
     _, cfg = H.resolve_config(args.config, "bfloat16")
     dcfg = qwen36_27b_dflash() if args.config == "real" else tiny_drafter(cfg)
@@ -112,6 +119,18 @@ def main(argv=None):
                   machine=H.machine_info(), versions=H.versions(),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(), phases={})
     ph = result["phases"]
+
+    def save():
+        timed = {k: v["median_ms"] for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}
+        if "ar_step" in ph:
+            result["vs_ar_step"] = {k: v / ph["ar_step"]["median_ms"] for k, v in timed.items()}
+        if "roofline_ms_at_4.30TB_s" in result:
+            result["vs_roofline"] = {k: v / result["roofline_ms_at_4.30TB_s"] for k, v in timed.items()}
+        if args.out:
+            with open(args.out + ".tmp", "w") as f:
+                json.dump(result, f, indent=1)
+            os.replace(args.out + ".tmp", args.out)
+
     log(f"devices {jax.devices()}")
     result["copy"] = H.measure_copy(2.0 if args.config == "real" else 0.01, 5)
     t = time.perf_counter()
@@ -143,6 +162,7 @@ def main(argv=None):
     ph["ar_step"] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=args.k)
     del st
     log(f"ar_step {ph['ar_step']}")
+    save()
 
     def engine_rounds(spec, name, cache=None):
         eng = Engine(model, spec, Sampling())
@@ -168,78 +188,78 @@ def main(argv=None):
         ph[name] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=args.rounds,
                         tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
         log(f"{name} {ph[name]}")
+        save()
 
-    engine_rounds(None, "ar_round_device_loop")
+    if "ar" in groups:
+        engine_rounds(None, "ar_round_device_loop")
 
-    # DFlash phases.
-    cache = random_cache(dcfg, 1, max_len, ctx)
-    draft = jax.jit(lambda dp, tp, c, a: nnx.merge(dgd, dp).draft(c, a, nnx.merge(gd, tp).embed_tokens[...],
-                                                                   nnx.merge(gd, tp).unembedding(), bs))
-    ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
-    log(f"draft {ph['draft']}")
-    logits = draft(dp, tp, cache, pending)
-    del cache
+    if groups & {"dflash", "ddtree"}:
+        # DFlash phases.
+        cache = random_cache(dcfg, 1, max_len, ctx)
+        draft = jax.jit(lambda dp, tp, c, a: nnx.merge(dgd, dp).draft(c, a, nnx.merge(gd, tp).embed_tokens[...],
+                                                                       nnx.merge(gd, tp).unembedding(), bs))
+        ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
+        log(f"draft {ph['draft']}")
+        logits = draft(dp, tp, cache, pending)
+        del cache
 
-    fwd = jax.jit(lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids))
+        fwd = jax.jit(lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids))
 
-    def accept_commit(tp, st, pend, tr, toks, lg):
-        path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
-        return M.commit(cfg, st, pend, tr, path, n), bonus
-    ac = jax.jit(accept_commit)
+        def accept_commit(tp, st, pend, tr, toks, lg):
+            path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
+            return M.commit(cfg, st, pend, tr, path, n), bonus
+        ac = jax.jit(accept_commit)
 
-    def verify_phases(toks, tr, name):
-        st = H.random_state(cfg, 1, max_len, ctx)
-        ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k)
-        lg, _, st2, pend = fwd(tp, toks, st, tr)
-        ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k)
-        log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
+        def verify_phases(toks, tr, name):
+            st = H.random_state(cfg, 1, max_len, ctx)
+            ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k)
+            lg, _, st2, pend = fwd(tp, toks, st, tr)
+            ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k)
+            log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
+            save()
 
-    chain_toks = jnp.concatenate([pending[:, None], jnp.argmax(logits, -1).astype(jnp.int32)], 1)
-    verify_phases(chain_toks, trees.chain(1, bs), f"chain{bs}")
-    engine_rounds(DFlash(drafter, cfg), "dflash_round")
+    if "dflash" in groups:
+        chain_toks = jnp.concatenate([pending[:, None], jnp.argmax(logits, -1).astype(jnp.int32)], 1)
+        verify_phases(chain_toks, trees.chain(1, bs), f"chain{bs}")
+        engine_rounds(DFlash(drafter, cfg), "dflash_round")
 
-    # DDTree phases.
-    logp = jax.nn.log_softmax(logits, -1)
-    ph["tree_build"] = {}
-    for b in budgets:
-        f = jax.jit(lambda lp, a, b=b: build_tree(lp, a, b))
-        ph["tree_build"][str(b)] = back_to_back(f, (logp, pending), args.k)
-    log(f"tree_build {ph['tree_build']}")
-    tr = build_tree(logp, pending, args.round_budget)
-    verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
-    engine_rounds(DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
+    if "ddtree" in groups:
+        # DDTree phases.
+        logp = jax.nn.log_softmax(logits, -1)
+        ph["tree_build"] = {}
+        for b in budgets:
+            f = jax.jit(lambda lp, a, b=b: build_tree(lp, a, b))
+            ph["tree_build"][str(b)] = back_to_back(f, (logp, pending), args.k)
+        log(f"tree_build {ph['tree_build']}")
+        tr = build_tree(logp, pending, args.round_budget)
+        verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
+        engine_rounds(DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
 
-    # MTP phases: the checkpoint's head (random weights at the target's shape), its cache at the context.
-    head = random_params(lambda: MT.MTPHead(cfg, rngs=nnx.Rngs(2)), 2)
-    result["mtp_head_bytes"] = H.param_bytes(cfg, nnx.state(head))["total"]
-    hgd, hp = nnx.split(head)
-    mc = random_mtp_cache(cfg, 2, 1, max_len, ctx)
+    if "mtp" in groups:
+        # MTP phases: the checkpoint's head (random weights at the target's shape), its cache at the context.
+        head = random_params(lambda: MT.MTPHead(cfg, rngs=nnx.Rngs(2)), 2)
+        result["mtp_head_bytes"] = H.param_bytes(cfg, nnx.state(head))["total"]
+        hgd, hp = nnx.split(head)
+        mc = random_mtp_cache(cfg, 2, 1, max_len, ctx)
 
-    def mtp_step(hp, tp, c, a):
-        # One recursive draft step: a head row at the context's end, then the shared lm_head.
-        t = nnx.merge(gd, tp)
-        o, _, _ = nnx.merge(hgd, hp)(t.embed(a[:, None]), c.hidden[:, :1], c.keys, c.values, c.length)
-        return jnp.einsum("bd,dv->bv", o[:, 0], t.unembedding())
-    ph["mtp_step"] = back_to_back(jax.jit(mtp_step), (hp, tp, mc, pending), args.k)
-    log(f"mtp_step {ph['mtp_step']}")
-    for k in [int(x) for x in args.mtp_tokens.split(",") if x]:
-        spec = MT.MTP(head, cfg, k)
-        mc = random_mtp_cache(cfg, spec.tree_size, 1, max_len, ctx)
-        propose = jax.jit(lambda hp, tp, c, a, key, spec=spec: spec.propose(hp, nnx.merge(gd, tp), c, a, key,
-                                                                             Sampling()))
-        ph[f"mtp_draft_k{k}"] = back_to_back(propose, (spec.params, tp, mc, pending, jax.random.key(0)), args.k)
-        log(f"mtp_draft_k{k} {ph[f'mtp_draft_k{k}']}")
-        engine_rounds(spec, f"mtp{k}_round", mc)
+        def mtp_step(hp, tp, c, a):
+            # One recursive draft step: a head row at the context's end, then the shared lm_head.
+            t = nnx.merge(gd, tp)
+            o, _, _ = nnx.merge(hgd, hp)(t.embed(a[:, None]), c.hidden[:, :1], c.keys, c.values, c.length)
+            return jnp.einsum("bd,dv->bv", o[:, 0], t.unembedding())
+        ph["mtp_step"] = back_to_back(jax.jit(mtp_step), (hp, tp, mc, pending), args.k)
+        log(f"mtp_step {ph['mtp_step']}")
+        for k in [int(x) for x in args.mtp_tokens.split(",") if x]:
+            spec = MT.MTP(head, cfg, k)
+            mc = random_mtp_cache(cfg, spec.tree_size, 1, max_len, ctx)
+            propose = jax.jit(lambda hp, tp, c, a, key, spec=spec: spec.propose(hp, nnx.merge(gd, tp), c, a, key,
+                                                                                 Sampling()))
+            ph[f"mtp_draft_k{k}"] = back_to_back(propose, (spec.params, tp, mc, pending, jax.random.key(0)), args.k)
+            log(f"mtp_draft_k{k} {ph[f'mtp_draft_k{k}']}")
+            engine_rounds(spec, f"mtp{k}_round", mc)
 
-    ar = ph["ar_step"]["median_ms"]
-    result["vs_ar_step"] = {k: v["median_ms"] / ar for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}
-    result["vs_roofline"] = {k: v["median_ms"] / result["roofline_ms_at_4.30TB_s"]
-                             for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text)
+    save()
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

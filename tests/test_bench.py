@@ -106,3 +106,22 @@ def test_hlo_index_shares_deduplicated_kernels():
     assert idx.name("gemm_fusion_dot_2") == "gemm_fusion_dot.2"
     assert profile.part_of(idx.op_name("gemm_fusion_dot.2")) == "attn"      # from the weight it reads
     assert idx.shares("gemm_fusion_dot.1") == {"gdn": 0.5, "attn": 0.5}
+
+
+@pytest.mark.slow
+def test_rounds_phases_and_partial_json(tmp_path):
+    """bench.rounds on the tiny config: the chosen groups only, every phase in the JSON it rewrites."""
+    from bench import rounds
+    out = tmp_path / "rounds.json"
+    rounds.main(["--config", "tiny", "--context", "32", "--phases", "ar,ddtree,mtp", "--budgets", "4",
+                 "--round-budget", "4", "--mtp-tokens", "1", "--k", "1", "--rounds", "2", "--out", str(out)])
+    res = json.loads(out.read_text())
+    ph = res["phases"]
+    for key in ("ar_step", "ar_round_device_loop", "draft", "verify_tree5", "accept_commit_tree5", "ddtree4_round",
+                "mtp_step", "mtp_draft_k1", "mtp1_round"):
+        _positive(ph[key], "median_ms")
+    assert "dflash_round" not in ph and "verify_chain16" not in ph
+    assert res["vs_ar_step"]["ar_step"] == 1.0 and set(res["vs_ar_step"]) >= {"ddtree4_round", "mtp1_round"}
+    assert not (tmp_path / "rounds.json.tmp").exists()
+    with pytest.raises(SystemExit):
+        rounds.main(["--config", "tiny", "--phases", "ar,eagle"])
