@@ -1,19 +1,35 @@
 """Command line generation: `python -m jaxspec.generate --model DIR --prompt "..."`.
 
-Without --model it runs a tiny random-weight model with the real Qwen3.6 tokenizer, so that the whole
-path (tokenizer, prefill, compiled decode loop, streaming) works on any machine out of the box.
+Without --model it runs the small trained demo pair shipped with jaxspec (jaxspec/demo/: a Qwen3.6-architecture
+target trained on the Python standard library and its DFlash drafter, made by `python -m jaxspec.train pair`):
+code completion with AR and with DDTree, both timed, with the acceptance length and the speedup. Where the
+demo pair is missing it falls back to a tiny random-weight model with the real Qwen3.6 tokenizer, so that the
+whole path (tokenizer, prefill, compiled decode loop, streaming) still runs on any machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 from jaxspec.config import FULL, LINEAR, TargetConfig
 from jaxspec.sampling import Sampling
 
 METHODS = ("ar", "dflash", "ddtree", "mtp")
+DEMO_ENV = "JAXSPEC_DEMO_DIR"
+
+
+def demo_dir() -> Path:
+    """Where the demo pair lives: $JAXSPEC_DEMO_DIR, else jaxspec/demo (target/ and drafter/)."""
+    return Path(os.environ.get(DEMO_ENV) or Path(__file__).resolve().parent / "demo")
+
+
+def demo_available() -> bool:
+    d = demo_dir()
+    return (d / "target" / "config.json").is_file() and (d / "drafter" / "config.json").is_file()
 
 
 def tiny_random_config() -> TargetConfig:
@@ -33,7 +49,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text (default: %(default)r)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--no-thinking", action="store_true", help="with --chat: close the <think> block empty")
-    p.add_argument("--method", choices=METHODS, default="ar", help="decoding method (default: %(default)s)")
+    p.add_argument("--method", choices=METHODS, default=None,
+                   help="decoding method (default: ar; without --model, the demo pair runs ar and ddtree and "
+                        "compares them)")
     p.add_argument("--draft", help="DFlash drafter: its Hugging Face directory (config.json + model.safetensors) or one written by "
                    "`python -m convert drafter`; for --method dflash")
     p.add_argument("--block-size", type=int, default=None,
@@ -60,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    demo = args.model is None and demo_available()
+    compare = demo and args.method is None
+    if args.method is None:
+        args.method = "ddtree" if compare else "ar"
+    if demo and args.method in ("dflash", "ddtree") and not args.draft:
+        args.draft = str(demo_dir() / "drafter")
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -90,7 +114,15 @@ def main(argv=None) -> int:
     from jaxspec.tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
+    if demo:
+        args.model = str(demo_dir() / "target")
+        print(f"NOTE: no --model given: running the small demo pair in {demo_dir()} (a Qwen3.6-architecture "
+              "target trained on the Python standard library, and its DFlash drafter).", file=sys.stderr)
+        if args.dtype is None:
+            args.dtype = "float32"
     if args.model is None:
+        print(f"NOTE: the demo pair is not installed ({demo_dir()} has no target/ and drafter/; "
+              "`python -m jaxspec.train pair` makes it).", file=sys.stderr)
         print("NOTE: no --model given: running a tiny RANDOM-WEIGHT model (4 layers, width 64) with the real "
               "Qwen3.6 tokenizer. Its output is meaningless; pass --model DIR for a real checkpoint.",
               file=sys.stderr)
@@ -136,6 +168,8 @@ def main(argv=None) -> int:
             except CheckpointError as e:
                 parser().error(f"--method mtp needs the checkpoint's MTP head: --model {args.model}: {e}")
         speculator = MTP(head, model.cfg, args.mtp_tokens)
+    if compare:
+        return _compare(args, model, tok, ids, speculator, sampling, stops)
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)
     print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {args.method}; prompt {len(ids)} tokens]",
           file=sys.stderr)
@@ -168,6 +202,39 @@ def main(argv=None) -> int:
     if args.method != "ar":
         hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(res.hist) if k and c)
         print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
+    return 0
+
+
+def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
+    """The demo: AR and DDTree on the same prompt, each compiled first and then timed; the DDTree text, tau
+    and the speedup."""
+    from jaxspec.engine import Engine
+    runs = {}
+    for name, spec in (("ar", None), (args.method, speculator)):
+        engine = Engine(model, spec, sampling=sampling, stop_tokens=stops)
+        kw = dict(max_len=args.max_len, seed=args.seed)
+        try:
+            t = time.perf_counter()
+            engine.generate([ids], args.max_new_tokens, **kw)              # compiles
+            compile_s = time.perf_counter() - t
+            runs[name] = (engine.generate([ids], args.max_new_tokens, **kw), compile_s)
+        except ValueError as e:
+            print(f"\nerror: {e}", file=sys.stderr)
+            return 2
+    res, _ = runs[args.method]
+    sys.stdout.write(args.prompt + tok.decode(res.tokens[0]) + "\n")
+    for name, (r, compile_s) in runs.items():
+        n = r.n_tokens
+        label = f"{name} (budget {args.budget})" if name == "ddtree" else name
+        print(f"[{label}: {n} tokens in {r.decode_s:.3f}s ({n / max(r.decode_s, 1e-9):.1f} tok/s; compiled in "
+              f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {int(r.rounds.sum())} rounds]",
+              file=sys.stderr)
+    ar, sp = runs["ar"][0], res
+    same = "yes" if ar.tokens == sp.tokens else "NO"
+    print(f"[{args.method} speedup over AR: {ar.decode_s / max(sp.decode_s, 1e-9):.2f}x; tau {sp.tau:.2f}; "
+          f"same tokens as AR: {same}]", file=sys.stderr)
+    hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(sp.hist) if k and c)
+    print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
     return 0
 
 

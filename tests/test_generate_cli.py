@@ -1,6 +1,7 @@
 """`python -m jaxspec.generate` end to end: the out-of-the-box default, an HF checkpoint with AR and
 DFlash, and flag errors."""
 
+import os
 import subprocess
 import sys
 
@@ -22,11 +23,13 @@ def dirs(tmp_path_factory):
     return target, draft
 
 
-def test_default_runs_and_says_it_is_random():
+def test_default_runs_and_says_it_is_random(tmp_path):
+    # Without the demo pair (jaxspec/demo, or $JAXSPEC_DEMO_DIR) the default is the tiny random model.
+    env = dict(os.environ, JAXSPEC_DEMO_DIR=str(tmp_path / "no-demo"))
     out = subprocess.run([sys.executable, "-m", "jaxspec.generate", "--max-new-tokens", "5"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
-    assert "RANDOM-WEIGHT" in out.stderr
+    assert "demo pair is not installed" in out.stderr and "RANDOM-WEIGHT" in out.stderr
     assert out.stdout.startswith("def fibonacci(n):")
     assert "5 tokens" in out.stderr and "tok/s" in out.stderr
 
@@ -85,7 +88,8 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--budget", "4"], "--budget only"),
     (["--method", "ddtree"], "--draft"),
 ])
-def test_flag_errors(argv, words, capsys):
+def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))   # the demo pair supplies --draft
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and words in capsys.readouterr().err
