@@ -483,7 +483,7 @@ class PairSizes:
     # data generation
     prompt_len: int = 64
     gen_new: int = 192
-    gen_n: int = 4096
+    gen_n: int = 8192
     gen_batch: int = 512
     # drafter training
     d_batch: int = 64
