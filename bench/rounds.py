@@ -76,16 +76,25 @@ def random_mtp_cache(cfg, rows, batch, max_len, length, seed=6) -> MT.MTPCache:
                        zeros(abstract.drafts))
 
 
-def back_to_back(fn, args, k=20, warmup=3):
-    """Median over 5 repeats of (k calls issued back to back, then one sync) / k, in ms."""
+def back_to_back(fn, args, k=20, warmup=3, thread=None):
+    """Median over 5 repeats of (k calls issued back to back, then one sync) / k, in ms.
+
+    thread=(arg, out): output `out` of each call becomes argument `arg` of the next, the way the engine
+    threads its donated decoding state (`fn` then donates that argument)."""
+    args = list(args)
+
+    def call():
+        out = fn(*args)
+        if thread is not None:
+            args[thread[0]] = out[thread[1]]
+        return out
     for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
+        jax.block_until_ready(call())
     per = []
     for _ in range(5):
         t = time.perf_counter()
-        out = None
         for _ in range(k):
-            out = fn(*args)
+            out = call()
         jax.block_until_ready(out)
         per.append((time.perf_counter() - t) * 1e3 / k)
     return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=k)
@@ -203,18 +212,22 @@ def main(argv=None):
         logits = draft(dp, tp, cache, pending)
         del cache
 
-        fwd = jax.jit(lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids))
+        # The state is donated and threaded from call to call, as in the engine's round (an undonated
+        # state makes every call copy the whole KV cache).
+        fwd = jax.jit(lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids),
+                      donate_argnums=(2,))
 
         def accept_commit(tp, st, pend, tr, toks, lg):
             path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
             return M.commit(cfg, st, pend, tr, path, n), bonus
-        ac = jax.jit(accept_commit)
+        ac = jax.jit(accept_commit, donate_argnums=(1,))
 
         def verify_phases(toks, tr, name):
             st = H.random_state(cfg, 1, max_len, ctx)
-            ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k)
-            lg, _, st2, pend = fwd(tp, toks, st, tr)
-            ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k)
+            ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k, thread=(2, 2))
+            lg, _, st2, pend = fwd(tp, toks, H.random_state(cfg, 1, max_len, ctx), tr)
+            # Each commit advances the length by up to the tree depth: max_len leaves room for the calls.
+            ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k, thread=(1, 0))
             log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
             save()
 
