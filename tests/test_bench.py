@@ -125,3 +125,7 @@ def test_rounds_phases_and_partial_json(tmp_path):
     assert not (tmp_path / "rounds.json.tmp").exists()
     with pytest.raises(SystemExit):
         rounds.main(["--config", "tiny", "--phases", "ar,eagle"])
+    rounds.main(["--config", "tiny", "--context", "32", "--phases", "dflash", "--rounds-only", "--k", "1",
+                 "--rounds", "2", "--out", str(out)])
+    ph = json.loads(out.read_text())["phases"]
+    assert set(ph) == {"ar_step", "draft", "dflash_round"}, sorted(ph)
