@@ -374,12 +374,14 @@ class Progress:
 
 
 def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
-                progress: bool | None = None) -> Qwen35:
+                progress: bool | None = None, mesh=None) -> Qwen35:
     """The Flax target from a HF checkpoint dir (Qwen3_5ForCausalLM or ForConditionalGeneration).
 
     dtype: parameter dtype (default: config.json's). sharding: a Sharding for every parameter or a
-    function (param path, shape) -> Sharding. progress: lines on stderr (default: for checkpoints
-    over 1 GB). `model.visual.*` and `mtp.*` tensors are not loaded (see `load_mtp_tensors`).
+    function (param path, shape) -> Sharding. mesh: instead of `sharding`, tensor/data parallel on a
+    (data, model) mesh (jaxspec/sharding.py): each device reads only its own shard of every tensor
+    from the files (`get_slice`), in the tp layout. progress: lines on stderr (default: for
+    checkpoints over 1 GB). `model.visual.*` and `mtp.*` tensors are not loaded (see `load_mtp_tensors`).
     """
     model_dir = Path(model_dir)
     infos = scan(model_dir)
@@ -391,6 +393,14 @@ def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: Sh
     layout = target_layout(cfg)
     graphdef, flat = abstract_params(cfg)
     abstract = {path: var.get_value() for path, var in flat}
+    if mesh is not None:
+        from jaxspec import sharding as S
+        if sharding is not None:
+            raise ValueError("pass either sharding= or mesh=, not both")
+        tp = S.tp_degree(mesh)
+        S.check_target(cfg, tp)
+        graphdef, flat = abstract_params(S.tp_config(cfg, tp))
+        abstract = {path: var.get_value() for path, var in flat}
     table = {entry[0] for entry in layout.values()}
     if table != set(abstract):  # model.py and keys.py disagree: a bug in jaxspec, not in the checkpoint
         raise RuntimeError(f"convert/keys.py and jaxspec/model.py disagree: model params without a checkpoint "
@@ -409,6 +419,13 @@ def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: Sh
             name = name_of[info.key]
             path, _, kind = layout[name]
             want = abstract[path]
+            if mesh is not None:
+                values[path] = _read_sharded(info, handles, kind, want, mesh, path, cfg)
+                prog.tensor(info, files.index(info.file) + 1)
+                if n + 1 == len(todo) or todo[n + 1].file != info.file:
+                    prog.file_done(info.file, files.index(info.file) + 1)
+                    _close(handles)
+                continue
             host = _read(info, handles)
             out = _converter(kind, want.dtype, resolve_sharding(sharding, path, want.shape))(host)
             if out.shape != want.shape:
@@ -424,6 +441,92 @@ def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: Sh
     finally:
         _close(handles)
     return assemble(graphdef, flat, values)
+
+
+def _sources(kind, hf_shape, tp_map):
+    """Per axis of the model's (tp) layout: the HF axis it reads and the HF index at each position (-1:
+    zero padding); and the transposition from HF order."""
+    base, groups = (kind[0], kind[1:]) if isinstance(kind, tuple) else (kind, ())
+    axes = {"linear": (1, 0), "conv": (2, 0)}.get(base, tuple(range(len(hf_shape))))
+    src = [np.arange(hf_shape[a]) for a in axes]
+    if groups:
+        from convert.keys import gdn_channel_order
+        src[1] = gdn_channel_order(*groups)
+    if tp_map is not None:
+        ax, idx = tp_map
+        src[ax] = np.where(idx >= 0, src[ax][np.maximum(idx, 0)], -1)
+    return axes, src
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted unique values as [start, stop) runs of consecutive integers."""
+    if not len(values):
+        return []
+    cut = np.flatnonzero(np.diff(values) != 1) + 1
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(values, cut)]
+
+
+def _read_block(sl, hf_shape, axes, src, index, dtype) -> np.ndarray:
+    """The block of the model layout at `index` (slices per model axis), read from the safetensors slice
+    `sl` one contiguous run at a time: only this block's rows are read."""
+    sel = [s[i] for s, i in zip(src, index)]
+    hf_index: list = [slice(0, n) for n in hf_shape]
+    fancy = None
+    for k, a in enumerate(sel):
+        if len(a) and (a >= 0).all() and (np.diff(a) == 1).all():
+            hf_index[axes[k]] = slice(int(a[0]), int(a[-1]) + 1)
+        else:
+            fancy = k  # at most one axis is rearranged (GDN groups, repeated kv heads or padding)
+    if fancy is None:
+        block = sl[tuple(hf_index)]
+    else:
+        a, ax = sel[fancy], axes[fancy]
+        valid = np.unique(a[a >= 0])
+        parts = []
+        for r0, r1 in _runs(valid):
+            hf_index[ax] = slice(r0, r1)
+            parts.append(sl[tuple(hf_index)])
+        if parts:
+            got = np.concatenate(parts, axis=ax)
+        else:
+            shape = [i.stop - i.start for i in hf_index]
+            shape[ax] = 1
+            got = np.zeros(shape, dtype)
+        block = np.take(got, np.minimum(np.searchsorted(valid, np.maximum(a, 0)), max(len(valid) - 1, 0)), axis=ax)
+        if (a < 0).any():
+            shape = [1] * block.ndim
+            shape[ax] = len(a)
+            block = np.where((a >= 0).reshape(shape), block, np.zeros((), block.dtype))
+    if len(hf_shape) == 3:  # conv [C, 1, K]
+        block = block[:, 0, :]
+    if len(axes) == 2 and axes[0] != 0:
+        block = block.T
+    return np.ascontiguousarray(block).astype(dtype)
+
+
+def _read_sharded(info: TensorInfo, handles: dict, kind, want, mesh, path, cfg) -> jax.Array:
+    """One parameter in its tp layout and NamedSharding, each addressable device's block read alone."""
+    from jaxspec import sharding as S
+    sf = handles.get(info.file)
+    if sf is None:
+        sf = handles[info.file] = _open(info.file).__enter__()
+    sl = sf.get_slice(info.key)
+    axes, src = _sources(kind, info.shape, S.tp_index(path, cfg, S.tp_degree(mesh)))
+    dtype = np.dtype(want.dtype)
+    cache: dict = {}
+
+    def block(index):
+        index = tuple(np.arange(n)[i] for n, i in zip(want.shape, index))
+        key = tuple((int(i[0]), len(i)) if len(i) else (0, 0) for i in index)
+        if key not in cache:
+            try:
+                cache[key] = _read_block(sl, info.shape, axes, src, index, dtype)
+            except SafetensorError as e:
+                raise CheckpointError(f"{info.file}: cannot read tensor {info.key!r} ({e})") from None
+        return cache[key]
+
+    sharding = jax.sharding.NamedSharding(mesh, S.param_spec(path, len(want.shape)))
+    return jax.make_array_from_callback(tuple(want.shape), sharding, block)
 
 
 MTP_FILE = "mtp.safetensors"

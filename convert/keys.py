@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from jaxspec.config import FULL, TargetConfig
 
 # Text weights appear as `model.language_model.X` (multimodal Qwen3_5ForConditionalGeneration) or
@@ -16,7 +18,8 @@ def target_layout(cfg: TargetConfig) -> dict[str, tuple[tuple, tuple[int, ...], 
     """HF key (without the text prefix) -> (param path in the NNX state, HF shape, transform).
 
     transform: 'linear' transposes [out, in] -> [in, out]; 'conv' maps [C, 1, K] -> [K, C];
-    'copy' keeps the tensor as is.
+    'copy' keeps the tensor as is. The GDN's fused q|k|v channels (in_proj_qkv rows, conv1d channels) are
+    also reordered by key-head group: their transform is ('linear' or 'conv', *gdn_channels(cfg)).
     """
     d = cfg.hidden_size
     out: dict[str, tuple[tuple, tuple[int, ...], str]] = {
@@ -48,12 +51,13 @@ def target_layout(cfg: TargetConfig) -> dict[str, tuple[tuple, tuple[int, ...], 
         else:
             g, G = p + "linear_attn.", L + ("linear_attn",)
             hv = cfg.linear_num_value_heads
-            lin(g + "in_proj_qkv.weight", G + ("in_proj_qkv",), cfg.conv_dim, d)
+            qkv = gdn_channels(cfg)
+            out[g + "in_proj_qkv.weight"] = (G + ("in_proj_qkv", "kernel"), (cfg.conv_dim, d), ("linear",) + qkv)
             lin(g + "in_proj_z.weight", G + ("in_proj_z",), cfg.value_dim, d)
             lin(g + "in_proj_b.weight", G + ("in_proj_b",), hv, d)
             lin(g + "in_proj_a.weight", G + ("in_proj_a",), hv, d)
             lin(g + "out_proj.weight", G + ("out_proj",), d, cfg.value_dim)
-            out[g + "conv1d.weight"] = (G + ("conv1d",), (cfg.conv_dim, 1, cfg.conv_kernel), "conv")
+            out[g + "conv1d.weight"] = (G + ("conv1d",), (cfg.conv_dim, 1, cfg.conv_kernel), ("conv",) + qkv)
             out[g + "dt_bias"] = (G + ("dt_bias",), (hv,), "copy")
             out[g + "A_log"] = (G + ("A_log",), (hv,), "copy")
             out[g + "norm.weight"] = (G + ("norm", "weight"), (cfg.linear_value_head_dim,), "copy")
@@ -72,9 +76,39 @@ def strip_text_prefix(key: str) -> str | None:
     return None
 
 
-def transform(array, kind: str):
-    if kind == "linear":
+def gdn_channels(cfg: TargetConfig) -> tuple[int, int, int, int]:
+    """(key heads, key head dim, value heads, value head dim): what `gdn_channel_order` needs."""
+    return (cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
+
+
+def gdn_channel_order(hk: int, dk: int, hv: int, dv: int) -> np.ndarray:
+    """The HF channel of each model channel of the fused GDN projection.
+
+    HF stores [q heads | k heads | v heads]; the model stores, per key head h, q_h, k_h and then the value
+    heads that read it (h * rep .. h * rep + rep - 1, rep = hv / hk). A contiguous block of whole groups,
+    i.e. a tensor-parallel shard over key heads, then holds exactly its own heads' channels, for any
+    degree that divides hk. `np.argsort` of it maps back to the HF layout.
+    """
+    rep = hv // hk
+    order = []
+    for h in range(hk):
+        order.append(np.arange(h * dk, (h + 1) * dk))
+        order.append(hk * dk + np.arange(h * dk, (h + 1) * dk))
+        order.append(2 * hk * dk + np.arange(h * rep * dv, (h + 1) * rep * dv))
+    return np.concatenate(order)
+
+
+def to_hf_gdn_channels(array, cfg: TargetConfig, axis: int = -1):
+    """The inverse reordering: a model-layout fused GDN array (channels on `axis`) back in HF order."""
+    return np.take(np.asarray(array), np.argsort(gdn_channel_order(*gdn_channels(cfg))), axis=axis)
+
+
+def transform(array, kind):
+    base, groups = (kind[0], kind[1:]) if isinstance(kind, tuple) else (kind, ())
+    if groups:  # rows of [out, in] / channels of [C, 1, K] into key-head-group order
+        array = array[gdn_channel_order(*groups)]
+    if base == "linear":
         return array.T
-    if kind == "conv":
+    if base == "conv":
         return array[:, 0, :].T
     return array

@@ -53,10 +53,24 @@ class Kind:
     abstract: Callable[[Any], tuple]
     files: tuple[str, ...] = ()                 # files besides config.json copied from the source when present
     writer: str = "save"                        # the function that writes this kind, for messages
+    # Older versions a restore still reads: (config, {param path: array}) -> the arrays of this version.
+    old_versions: tuple[int, ...] = ()
+    upgrade: Callable[[Any, dict], dict] | None = None
 
 
-TARGET = Kind("target", "jaxspec-target", 1, lambda path, dtype: load_target_config(path, dtype=dtype),
-              abstract_params, TOKENIZER_FILES, "save_converted")
+def _gdn_grouped(cfg, values: dict) -> dict:
+    """Version 1 stored the GDN's fused q|k|v channels in HF order; version 2 by key-head group."""
+    from convert.keys import gdn_channel_order, gdn_channels
+    order = gdn_channel_order(*gdn_channels(cfg))
+    out = dict(values)
+    for path, x in values.items():
+        if str(path[-1]) == "conv1d" or (len(path) > 1 and str(path[-2]) == "in_proj_qkv"):
+            out[path] = jax.jit(lambda a: a[..., order], out_shardings=x.sharding)(x)
+    return out
+
+
+TARGET = Kind("target", "jaxspec-target", 2, lambda path, dtype: load_target_config(path, dtype=dtype),
+              abstract_params, TOKENIZER_FILES, "save_converted", old_versions=(1,), upgrade=_gdn_grouped)
 FORMAT, VERSION = TARGET.format, TARGET.version
 
 
@@ -176,15 +190,20 @@ def is_converted(path: str | Path) -> bool:
     return (Path(path) / PARAMS).is_dir()
 
 
-def restore_converted(out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None) -> Qwen35:
+def restore_converted(out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
+                      mesh=None) -> Qwen35:
     """The target from a converted dir, restored straight into `dtype` (default: the dtype it was saved
-    in) and `sharding` (a Sharding, or a function (param path, shape) -> Sharding)."""
-    return restore(TARGET, out_dir, dtype=dtype, sharding=sharding)
+    in) and `sharding` (a Sharding, or a function (param path, shape) -> Sharding), or tensor/data
+    parallel on `mesh` (jaxspec/sharding.py; instead of `sharding`)."""
+    return restore(TARGET, out_dir, dtype=dtype, sharding=sharding, mesh=mesh)
 
 
-def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None):
+def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
+            mesh=None):
     """The `kind` model from a dir written by `save`. Orbax reads every array straight into `dtype` and
-    its sharding, so the params are never held in the saved dtype first."""
+    its sharding, so the params are never held in the saved dtype first. With a `mesh`, every device
+    reads only its own shard; the few params whose tp layout differs from the saved one (kv heads
+    repeated, vocabulary padded) are restored split on their other axes and rearranged on the devices."""
     out_dir = Path(out_dir).absolute()
     params = out_dir / PARAMS
     if not params.is_dir():
@@ -193,6 +212,12 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
     cfg = kind.load_config(out_dir, dtype or meta["dtype"])
     graphdef, flat = kind.abstract(cfg)
     abstract = {path: var.get_value() for path, var in flat}
+    if mesh is not None:
+        from jaxspec import sharding as S
+        if sharding is not None:
+            raise ValueError("pass either sharding= or mesh=, not both")
+        S.check_target(cfg, S.tp_degree(mesh)) if kind is TARGET else S.check_drafter(cfg, S.tp_degree(mesh))
+        sharding = S.base_sharding(mesh, cfg)
 
     with ocp.StandardCheckpointer(restore_concurrent_gb=RESTORE_HOST_GB) as ckptr:
         try:
@@ -220,7 +245,12 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
         except Exception as e:
             raise CheckpointError(f"{params}: cannot restore the Orbax checkpoint, it is damaged "
                                   f"({type(e).__name__}: {_first_line(e)})") from None
-    return assemble(graphdef, flat, {p: restored[k] for k, (p, _) in want.items()})
+    values = {p: restored[k] for k, (p, _) in want.items()}
+    if meta["version"] != kind.version:
+        values = kind.upgrade(cfg, values)
+    if mesh is not None:
+        graphdef, flat, values = S.to_tp_layout(kind.abstract, cfg, mesh, values)
+    return assemble(graphdef, flat, values)
 
 
 def _first_line(e: BaseException, limit: int = 300) -> str:
@@ -239,7 +269,7 @@ def _read_meta(out_dir: Path, kind: Kind) -> dict:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
-    if meta.get("format") != kind.format or meta.get("version") != kind.version:
+    if meta.get("format") != kind.format or meta.get("version") not in (kind.version,) + kind.old_versions:
         # The likely slip is a converted target passed as the drafter or the other way round: say so.
         raise CheckpointError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
                               f"expected {kind.format!r} version {kind.version} ({out_dir} is not a converted "
@@ -248,9 +278,10 @@ def _read_meta(out_dir: Path, kind: Kind) -> dict:
 
 
 def load_model(path: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
-               progress: bool | None = None) -> Qwen35:
-    """The target from either a converted dir (has `params/`) or a HF checkpoint dir."""
+               progress: bool | None = None, mesh=None) -> Qwen35:
+    """The target from either a converted dir (has `params/`) or a HF checkpoint dir; with a `mesh`,
+    tensor/data parallel, each device reading only its shard."""
     path = Path(path)
     if is_converted(path):
-        return restore_converted(path, dtype=dtype, sharding=sharding)
-    return load_target(path, dtype=dtype, sharding=sharding, progress=progress)
+        return restore_converted(path, dtype=dtype, sharding=sharding, mesh=mesh)
+    return load_target(path, dtype=dtype, sharding=sharding, progress=progress, mesh=mesh)

@@ -39,6 +39,13 @@ class TargetConfig:
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "bfloat16"
+    # Rows of the embedding / columns of lm_head when tensor parallelism pads the vocabulary to a multiple
+    # of its degree (jaxspec/sharding.py); 0 = vocab_size. Padded logits are -inf.
+    padded_vocab: int = 0
+
+    @property
+    def vocab_rows(self) -> int:
+        return self.padded_vocab or self.vocab_size
 
     @property
     def num_layers(self) -> int:

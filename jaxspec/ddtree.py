@@ -42,6 +42,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxspec import sharding
 from jaxspec import tree as trees
 
 INVALID_TOKEN = -1
@@ -116,6 +117,11 @@ def vocab_top_k(x, k: int):
     per tree at B = 64); sorting 2048-wide rows is cheap. Same result as a stable top_k: among equal
     values, stage 1 keeps the lower index of a chunk first and stage 2 sees the chunks in index order.
     """
+    split = sharding.vocab_top_k(x, k, _chunked_top_k)  # a tensor-parallel vocabulary: per shard, then across
+    return _chunked_top_k(x, k) if split is None else split
+
+
+def _chunked_top_k(x, k: int):
     v = x.shape[-1]
     if v <= 2 * _VOCAB_CHUNK or k > _VOCAB_CHUNK:
         return jax.lax.top_k(x, k)

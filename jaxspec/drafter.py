@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.model import Linear, RMSNorm, rope
+from jaxspec.model import Linear, RMSNorm, mask_vocab, rope
 
 
 def _norm(cfg: DrafterConfig, dim: int):
@@ -194,7 +194,8 @@ class Drafter(nnx.Module):
             x = x + layer.self_attn(layer.input_layernorm(x), q_pos, kc, vc, vis)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = self.norm(x[:, 1:])
-        return jnp.einsum("bnd,dv->bnv", h, lm_head_kernel.astype(h.dtype)).astype(jnp.float32)
+        return mask_vocab(jnp.einsum("bnd,dv->bnv", h, lm_head_kernel.astype(h.dtype)).astype(jnp.float32),
+                          cfg.vocab_size)
 
 
 def init_cache(cfg: DrafterConfig, batch: int, max_len: int) -> DrafterCache:

@@ -20,6 +20,7 @@ from flax import nnx
 from jaxspec import tree as trees
 from jaxspec.model import Qwen35, State, commit, init_state
 from jaxspec.sampling import Sampling, choose, log_probs
+from jaxspec.sharding import constrain_state, dp_degree, put_state
 
 
 def accept(tree: trees.Tree, tokens, target_choice):
@@ -157,16 +158,34 @@ class Engine:
     """Holds the compiled prefill and round functions for one model, speculator and sampling."""
 
     def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
-                 stop_tokens=(), prefill_chunk: int = 256):
+                 stop_tokens=(), prefill_chunk: int = 256, mesh=None):
+        """mesh: the (data, model) mesh that `model` and the speculator's params were sharded on
+        (jaxspec/sharding.py); the state is created and kept in its shardings."""
         self.cfg = model.cfg
+        self.mesh = mesh
         self.spec = speculator or AR()
         self.graphdef, target_params = nnx.split(model)
         self.params = (target_params, self.spec.params)
         self.sampling = sampling
         self.stop = jnp.asarray(sorted(set(int(t) for t in stop_tokens)) or [-1], jnp.int32)
         self.prefill_chunk = prefill_chunk
-        self._prefill = jax.jit(self._prefill_piece, donate_argnums=(1,))
-        self._run = jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,))
+        self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1,)))
+        self._run = self._in_mesh(jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,)))
+
+    def _in_mesh(self, fn):
+        """fn traced and run with the mesh set (per-shard Pallas kernels read it while tracing)."""
+        if self.mesh is None:
+            return fn
+
+        def run(*a):
+            with jax.set_mesh(self.mesh):
+                return fn(*a)
+        run.lower = lambda *a: self._lower(fn, *a)
+        return run
+
+    def _lower(self, fn, *a):
+        with jax.set_mesh(self.mesh):
+            return fn.lower(*a)
 
     # -- compiled pieces -------------------------------------------------------------------------
 
@@ -183,6 +202,7 @@ class Engine:
         path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
         new = commit(self.cfg, new, pend, tr, path, n)
         draft = self.spec.start(params[1], model, draft, taps, n, tokens)
+        new, draft = constrain_state(self.mesh, (new, draft))
         return logits, new, draft
 
     def _round(self, params, d: Decoding, max_new: int) -> Decoding:
@@ -215,6 +235,7 @@ class Engine:
         room = state.length + self.spec.tree_size <= state.max_len
         done = d.done | is_stop.any(1) | (n_out >= max_new) | ~room
         hist = d.hist.at[jnp.arange(b), n].add(jnp.where(d.done, 0, 1))
+        state, draft = constrain_state(self.mesh, (state, draft))
         return Decoding(state, draft, jnp.where(d.done, d.pending, bonus), out, n_out, done, key, hist,
                         d.rounds + ~d.done)
 
@@ -243,8 +264,11 @@ class Engine:
         toks = np.zeros((b, total), np.int32)
         for i, pr in enumerate(prompts):
             toks[i, :len(pr)] = pr
-        state = init_state(self.cfg, b, max_len)
-        draft = self.spec.init(b, max_len)
+        if b % dp_degree(self.mesh):
+            raise ValueError(f"batch of {b} prompts is not a multiple of the data-parallel degree "
+                             f"{dp_degree(self.mesh)}")
+        state = put_state(self.mesh, lambda: init_state(self.cfg, b, max_len))
+        draft = put_state(self.mesh, lambda: self.spec.init(b, max_len))
         last = None
         for c in range(0, total, p):
             n = np.clip(lens - c, 0, p).astype(np.int32)

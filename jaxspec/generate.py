@@ -73,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
     p.add_argument("--rounds-per-call", type=int, default=8,
                    help="decode rounds per compiled call between streamed prints (default: %(default)s)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: heads, GDN groups, MLP and "
+                   "vocabulary split over this many devices (default: %(default)s)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel degree: the prompt runs as a batch of this "
+                   "many sequences, one per data shard (default: %(default)s)")
+    p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first "
+                   "(multi-host: run the same command on every host; see README)")
     return p
 
 
@@ -107,12 +113,30 @@ def main(argv=None) -> int:
     if args.mtp_tokens is not None and args.mtp_tokens < 1:
         parser().error(f"--mtp-tokens must be >= 1, got {args.mtp_tokens}")
 
+    if args.tp < 1 or args.dp < 1:
+        parser().error(f"--tp and --dp must be >= 1, got {args.tp} and {args.dp}")
+    if args.method == "mtp" and args.tp * args.dp > 1:
+        parser().error("--method mtp does not run tensor/data parallel yet (--tp/--dp must be 1)")
+    if compare and args.tp * args.dp > 1:
+        parser().error("the demo comparison runs on one device; pass --method with --tp/--dp")
+
+    import jax
     from flax import nnx
 
+    from jaxspec import sharding
+    from jaxspec.config import ConfigError
     from jaxspec.engine import Engine
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
 
+    if args.distributed:
+        jax.distributed.initialize()
+    mesh = None
+    if args.tp * args.dp > 1:
+        try:
+            mesh = sharding.make_mesh(args.tp, args.dp)
+        except ConfigError as e:
+            parser().error(str(e))
     t0 = time.perf_counter()
     if demo:
         args.model = str(demo_dir() / "target")
@@ -130,12 +154,17 @@ def main(argv=None) -> int:
         if args.dtype:
             cfg = cfg.replace(dtype=args.dtype)
         model = Qwen35(cfg, rngs=nnx.Rngs(args.seed))
+        if mesh is not None:
+            try:
+                model = sharding.shard_target(model, mesh)
+            except ConfigError as e:
+                parser().error(f"--tp {args.tp}: {e}")
     else:
         from convert.hf import CheckpointError
         from convert.store import load_model
         from jaxspec.config import ConfigError
         try:
-            model = load_model(args.model, dtype=args.dtype)
+            model = load_model(args.model, dtype=args.dtype, mesh=mesh)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--model {args.model}: {e}")
     tok = load_tokenizer(args.model)
@@ -152,8 +181,10 @@ def main(argv=None) -> int:
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash
         try:
-            speculator = DFlash(load_draft(args.draft, dtype=str(model.cfg.dtype)), model.cfg, args.block_size,
-                                budget=args.budget)
+            drafter = load_draft(args.draft, dtype=str(model.cfg.dtype))
+            if mesh is not None:
+                drafter = sharding.shard_drafter(drafter, mesh)
+            speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--draft {args.draft}: {e}")
     if args.method == "mtp":
@@ -170,7 +201,7 @@ def main(argv=None) -> int:
         speculator = MTP(head, model.cfg, args.mtp_tokens)
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
-    engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops)
+    engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)
     print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {args.method}; prompt {len(ids)} tokens]",
           file=sys.stderr)
 
@@ -189,7 +220,7 @@ def main(argv=None) -> int:
             printed = text
 
     try:
-        res = engine.generate([ids], args.max_new_tokens, max_len=args.max_len, seed=args.seed,
+        res = engine.generate([ids] * args.dp, args.max_new_tokens, max_len=args.max_len, seed=args.seed,
                               rounds_per_call=args.rounds_per_call, on_tokens=show)
     except ValueError as e:
         print(f"\nerror: {e}", file=sys.stderr)

@@ -16,7 +16,8 @@ from flax import nnx
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.tree import Tree, ancestor_at
 from pallas_kernels.tree_attention import tree_attention
-from pallas_kernels.tree_delta_rule import state_at, tree_delta_rule
+from jaxspec import sharding
+from pallas_kernels.tree_delta_rule import resolve, state_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
 
@@ -156,12 +157,13 @@ class GatedDeltaNet(nnx.Module):
         beta = jax.nn.sigmoid(self.in_proj_b(x)).astype(jnp.float32)
         a = self.in_proj_a(x).astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...].astype(jnp.float32))
-        qkv = self.conv(conv_in, history, tree)
-        q, k, v = jnp.split(qkv, [cfg.key_dim, 2 * cfg.key_dim], -1)
-        q = l2norm(q.reshape(b, n, hk, dk).astype(jnp.float32)) * dk ** -0.5
-        k = l2norm(k.reshape(b, n, hk, dk).astype(jnp.float32))
-        v = v.reshape(b, n, hv, dv).astype(jnp.float32)
+        # Channels in key-head-group order (convert/keys.py `gdn_channel_order`): per key head h, q_h, k_h,
+        # then its value heads. So a tensor-parallel shard of whole groups holds all of its heads' channels.
         rep = hv // hk  # value head h reads key head h // rep (repeat_interleave)
+        qkv = self.conv(conv_in, history, tree).reshape(b, n, hk, 2 * dk + rep * dv)
+        q = l2norm(qkv[..., :dk].astype(jnp.float32)) * dk ** -0.5
+        k = l2norm(qkv[..., dk:2 * dk].astype(jnp.float32))
+        v = qkv[..., 2 * dk:].reshape(b, n, hv, dv).astype(jnp.float32)
         o, delta, G, s_mid = delta_rule(jnp.repeat(q, rep, 2), jnp.repeat(k, rep, 2), v, g, beta, tree, s0)
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
@@ -178,11 +180,19 @@ def window_index(tree: Tree, distance: int, hist: int):
     return jnp.where(anc >= 0, hist + anc, hist + tree.depth - distance)
 
 
+def _tree_delta_rule(q, k, v, g, beta, anc, s0):
+    """The Pallas kernels run per shard: under a mesh with a tensor- or data-parallel axis they go through
+    shard_map over (batch, heads); the jnp solvers are partitioned by GSPMD like the rest of the model."""
+    if resolve(q.shape[1]) in ("pallas_triton", "pallas_interpret"):
+        return sharding.per_shard(tree_delta_rule, q, k, v, g, beta, anc, s0)
+    return tree_delta_rule(q, k, v, g, beta, anc, s0)
+
+
 def delta_rule(q, k, v, g, beta, tree: Tree, s0):
     """Trees run as one block; chains in blocks of CHUNK with the state carried between blocks."""
     n = q.shape[1]
     if not tree.chain or n <= CHUNK:
-        o, delta, G = tree_delta_rule(q, k, v, g, beta, tree.anc, s0)
+        o, delta, G = _tree_delta_rule(q, k, v, g, beta, tree.anc, s0)
         return o, delta, G, jnp.zeros((s0.shape[0], 0) + s0.shape[1:], jnp.float32)
     nb = -(-n // CHUNK)
     pad = nb * CHUNK - n
@@ -195,7 +205,7 @@ def delta_rule(q, k, v, g, beta, tree: Tree, s0):
 
     def step(s, blk):
         qb, kb, vb, gb, bb = blk
-        o, delta, G = tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
+        o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
         return state_at(s, kb, delta, G, last, G[:, -1]), (o, delta, G, s)
 
     _, (o, delta, G, s_in) = jax.lax.scan(step, s0.astype(jnp.float32), blocks)
@@ -247,11 +257,11 @@ class Qwen35(nnx.Module):
     def __init__(self, cfg: TargetConfig, *, rngs: nnx.Rngs):
         dt = cfg.jnp_dtype
         self.cfg = cfg
-        self.embed_tokens = _init(rngs, (cfg.vocab_size, cfg.hidden_size), dt)
+        self.embed_tokens = _init(rngs, (cfg.vocab_rows, cfg.hidden_size), dt)
         self.layers = nnx.List([DecoderLayer(cfg, t, rngs=rngs) for t in cfg.layer_types])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
         if not cfg.tie_word_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dt, rngs=rngs)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_rows, dtype=dt, rngs=rngs)
 
     def init_state(self, batch: int, max_len: int) -> State:
         return init_state(self.cfg, batch, max_len)
@@ -266,7 +276,8 @@ class Qwen35(nnx.Module):
 
     def logits(self, h):
         """Final norm + lm_head, in fp32. h [..., D] is the residual stream."""
-        return jnp.einsum("...d,dv->...v", self.norm(h), self.unembedding()).astype(jnp.float32)
+        return mask_vocab(jnp.einsum("...d,dv->...v", self.norm(h), self.unembedding()).astype(jnp.float32),
+                          self.cfg.vocab_size)
 
     def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None):
         """Verify forward of a tree of N tokens per sequence on top of `state`.
@@ -299,6 +310,13 @@ class Qwen35(nnx.Module):
         tap_out = jnp.stack([tapped[i] for i in taps], 2) if taps else None
         new = dataclasses.replace(state, keys=tuple(keys), values=tuple(values))
         return self.logits(x), tap_out, new, Pending(tuple(pend))
+
+
+def mask_vocab(logits, vocab_size: int):
+    """-inf at the padding columns a tensor-parallel vocabulary adds past `vocab_size` (none unsharded)."""
+    if logits.shape[-1] == vocab_size:
+        return logits
+    return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
 
 
 def init_state(cfg: TargetConfig, batch: int, max_len: int) -> State:

@@ -40,7 +40,7 @@ from flax import nnx
 from jaxspec import tree as trees
 from jaxspec.config import FULL, ConfigError, TargetConfig
 from jaxspec.engine import Proposal, Speculator
-from jaxspec.model import DecoderLayer, Linear, RMSNorm
+from jaxspec.model import DecoderLayer, Linear, RMSNorm, mask_vocab
 from jaxspec.sampling import log_probs
 
 # Fields of the target config that the head's weights are shaped by.
@@ -166,7 +166,8 @@ class MTP(Speculator):
         lm_head = model.unembedding()
         drafts, logq = [], []
         for j, kj in enumerate(jax.random.split(key, self.k)):
-            logits = jnp.einsum("bd,dv->bv", o[:, 0], lm_head.astype(o.dtype)).astype(jnp.float32)
+            logits = mask_vocab(jnp.einsum("bd,dv->bv", o[:, 0], lm_head.astype(o.dtype)).astype(jnp.float32),
+                                model.cfg.vocab_size)
             if sampling.greedy:
                 m = jnp.argmax(logits, -1).astype(jnp.int32)
             else:

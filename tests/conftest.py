@@ -10,6 +10,9 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# 8 simulated CPU devices for the tensor/data-parallel tests (tests/test_sharding.py); everything else
+# runs on the first one, as with a single device. Must precede the backend's initialisation.
+jax.config.update("jax_num_cpu_devices", 8)
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,

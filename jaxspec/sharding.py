@@ -1,0 +1,348 @@
+"""Tensor and data parallelism on a `jax.sharding.Mesh` with axes ("data", "model").
+
+One table (`RULES`) maps logical axes to mesh axes; weights declare their logical axes once
+(`PARAM_AXES`, by module and leaf name), the decoding state likewise (`STATE_AXES`). The model runs
+under GSPMD: jit with `NamedSharding` params and state, each matmul sharded on heads / MLP columns /
+vocabulary, two all-reduces per layer (after o_proj or out_proj, after down_proj). Pallas kernels run
+per shard through `per_shard` (shard_map), which needs the mesh set (`jax.set_mesh`) while tracing.
+
+Layout for a tensor-parallel degree `tp` (the model's own layout at tp = 1 is the same):
+- attention: q heads split `tp` ways (q_proj's interleaved q|gate columns are per head); kv heads split
+  when tp divides them, else each kv head is repeated tp / kv times at load (`tp_config`), so that every
+  shard holds the kv heads its q heads read;
+- GDN: the fused q|k|v channels are stored in key-head-group order (convert/keys.py), so whole groups
+  (key head, its value heads) split `tp` ways for any tp dividing linear_num_key_heads; z, a, b, A_log,
+  dt_bias, out_proj rows and the recurrent state follow the value heads;
+- MLP: intermediate split; vocabulary: embedding rows and lm_head columns split, padded to a multiple of
+  tp (`TargetConfig.padded_vocab`) with the padded logits -inf, so argmax, sampling and top-k over the
+  sharded vocabulary are those of the unpadded one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxspec.config import ConfigError
+
+DATA, MODEL = "data", "model"
+
+# The one table: logical axis -> mesh axis (None: replicated).
+RULES: dict[str, str | None] = {
+    "batch": DATA,
+    "heads": MODEL,       # attention query heads
+    "kv_heads": MODEL,    # attention (and drafter) kv heads, repeated up to tp at load when fewer
+    "gdn": MODEL,         # GDN key-head groups with their value heads
+    "mlp": MODEL,         # MLP intermediate
+    "vocab": MODEL,       # embedding rows, lm_head columns, logits
+    "embed": None,        # the residual stream
+    "length": None, "head_dim": None, "window": None,
+}
+
+# Weights: (module, leaf) -> logical axes of the leaf. Anything not listed is replicated (norms, the
+# drafter's fc, the MTP head).
+PARAM_AXES: dict[tuple[str, str], tuple[str | None, ...]] = {
+    ("embed_tokens", ""): ("vocab", "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("q_proj", "kernel"): ("embed", "heads"),
+    ("k_proj", "kernel"): ("embed", "kv_heads"),
+    ("v_proj", "kernel"): ("embed", "kv_heads"),
+    ("o_proj", "kernel"): ("heads", "embed"),
+    ("gate_proj", "kernel"): ("embed", "mlp"),
+    ("up_proj", "kernel"): ("embed", "mlp"),
+    ("down_proj", "kernel"): ("mlp", "embed"),
+    ("in_proj_qkv", "kernel"): ("embed", "gdn"),
+    ("in_proj_z", "kernel"): ("embed", "gdn"),
+    ("in_proj_b", "kernel"): ("embed", "gdn"),
+    ("in_proj_a", "kernel"): ("embed", "gdn"),
+    ("conv1d", ""): ("window", "gdn"),
+    ("dt_bias", ""): ("gdn",),
+    ("A_log", ""): ("gdn",),
+    ("out_proj", "kernel"): ("gdn", "embed"),
+}
+
+# Decoding state (jaxspec.model.State, jaxspec.drafter.DrafterCache): field -> logical axes per leaf.
+STATE_AXES: dict[str, tuple[str | None, ...]] = {
+    "length": ("batch",),
+    "keys": ("batch", "length", "kv_heads", "head_dim"),
+    "values": ("batch", "length", "kv_heads", "head_dim"),
+    "conv": ("batch", "window", "gdn"),
+    "ssm": ("batch", "gdn", "head_dim", "head_dim"),
+}
+
+# Modules whose weights are not (yet) in PARAM_AXES' layout when sharded: the MTP head.
+_MTP_PREFIXES = ("mtp",)
+
+
+def spec(axes) -> P:
+    return P(*(RULES[a] if a else None for a in axes))
+
+
+def param_axes(path: tuple) -> tuple[str | None, ...] | None:
+    """Logical axes of the parameter at `path` (an NNX state path), None when it is replicated."""
+    names = [str(p) for p in path]
+    leaf = names[-1]
+    for module, name in ((names[-2] if len(names) > 1 else "", leaf), (leaf, "")):
+        if (module, name) in PARAM_AXES:
+            return PARAM_AXES[(module, name)]
+    return None
+
+
+def param_spec(path: tuple, ndim: int) -> P:
+    axes = param_axes(path)
+    if axes is None or len(axes) != ndim:
+        return P()
+    return spec(axes)
+
+
+# ------------------------------------------------------------------------------------------------ mesh
+
+
+def make_mesh(tp: int = 1, dp: int = 1, devices=None) -> Mesh:
+    """A (dp, tp) mesh over the first dp * tp devices (all processes' devices under jax.distributed)."""
+    if tp < 1 or dp < 1:
+        raise ConfigError(f"--tp {tp} --dp {dp}: degrees must be >= 1")
+    devices = list(jax.devices() if devices is None else devices)
+    if dp * tp > len(devices):
+        raise ConfigError(f"--tp {tp} --dp {dp} needs {tp * dp} devices, but {len(devices)} are visible "
+                          f"({devices[0].platform})")
+    grid = np.array(devices[:dp * tp], dtype=object).reshape(dp, tp)
+    return Mesh(grid, (DATA, MODEL), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def tp_degree(mesh: Mesh | None) -> int:
+    return 1 if mesh is None else mesh.shape[MODEL]
+
+
+def dp_degree(mesh: Mesh | None) -> int:
+    return 1 if mesh is None else mesh.shape[DATA]
+
+
+def _divides(tp: int, pairs, what: str):
+    for field, value in pairs:
+        if value % tp:
+            raise ConfigError(f"--tp {tp} does not divide the {what}: {field}={value} is not a multiple of {tp}")
+
+
+def check_target(cfg, tp: int) -> None:
+    """ConfigError naming the config.json field when `tp` cannot shard the target."""
+    _divides(tp, (("num_attention_heads", cfg.num_heads), ("linear_num_key_heads", cfg.linear_num_key_heads),
+                  ("intermediate_size", cfg.intermediate_size)), "model")
+    kv = cfg.num_kv_heads
+    if kv % tp and tp % kv:
+        raise ConfigError(f"--tp {tp} does not fit the model: num_key_value_heads={kv} must divide or be a "
+                          f"multiple of {tp} (kv heads are split, or repeated when fewer than {tp})")
+
+
+def check_drafter(cfg, tp: int) -> None:
+    _divides(tp, (("num_attention_heads", cfg.num_heads), ("intermediate_size", cfg.intermediate_size)),
+             "DFlash drafter")
+    kv = cfg.num_kv_heads
+    if kv % tp and tp % kv:
+        raise ConfigError(f"--tp {tp} does not fit the DFlash drafter: num_key_value_heads={kv} must divide or "
+                          f"be a multiple of {tp}")
+
+
+def tp_config(cfg, tp: int):
+    """The config a tp-way shard layout runs: kv heads repeated up to tp, vocabulary padded to a multiple of
+    tp (target configs only). The identity for tp = 1."""
+    kw = {}
+    if tp > cfg.num_kv_heads:
+        kw["num_kv_heads"] = tp
+    if hasattr(cfg, "padded_vocab") and not getattr(cfg, "padded_vocab") and cfg.vocab_size % tp:
+        kw["padded_vocab"] = -(-cfg.vocab_size // tp) * tp
+    return cfg.replace(**kw) if kw else cfg
+
+
+def tp_index(path: tuple, cfg, tp: int) -> tuple[int, np.ndarray] | None:
+    """How the tp layout of the parameter at `path` reads the unsharded one: (axis, source index per
+    position, -1 for padding), or None where they are the same."""
+    names = [str(p) for p in path]
+    module = names[-2] if len(names) > 1 else ""
+    if module in ("k_proj", "v_proj") and tp > cfg.num_kv_heads:
+        r, hd = tp // cfg.num_kv_heads, cfg.head_dim
+        heads = np.repeat(np.arange(cfg.num_kv_heads), r)          # kv head j of the tp layout is j // r
+        return 1, (heads[:, None] * hd + np.arange(hd)[None]).reshape(-1)
+    if hasattr(cfg, "padded_vocab") and cfg.vocab_size % tp:
+        rows = -(-cfg.vocab_size // tp) * tp
+        idx = np.where(np.arange(rows) < cfg.vocab_size, np.arange(rows), -1)
+        if names[-1] == "embed_tokens":
+            return 0, idx
+        if module == "lm_head":
+            return 1, idx
+    return None
+
+
+def take_index(x, axis: int, idx: np.ndarray):
+    """x gathered along `axis` at idx, zeros where idx is -1 (jnp or np)."""
+    lib = jnp if isinstance(x, jax.Array) else np
+    out = lib.take(x, np.maximum(idx, 0), axis=axis)
+    if (idx < 0).any():
+        shape = [1] * out.ndim
+        shape[axis] = len(idx)
+        out = lib.where(np.asarray(idx >= 0).reshape(shape), out, lib.zeros((), out.dtype))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ modules
+
+
+def shard_module(module, mesh: Mesh, build: Callable[[Any], Any], cfg_of: Callable[[Any], Any] = lambda m: m.cfg):
+    """A copy of an unsharded NNX module (target or drafter) in the tp layout of `mesh`, its parameters
+    placed with their NamedShardings. `build(cfg)` constructs the module for a config (abstractly)."""
+    from flax import nnx
+
+    cfg = cfg_of(module)
+    tp = tp_degree(mesh)
+    tcfg = tp_config(cfg, tp)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(tcfg)))
+    flat = nnx.to_flat_state(abstract)
+    src = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(module))}
+    for path, var in flat:
+        x = src[path]
+        m = tp_index(path, cfg, tp)
+        want = NamedSharding(mesh, param_spec(path, x.ndim))
+        if m is not None:  # rearranged where the array is, then placed
+            x = take_index(x, m[0], m[1])
+        var.set_value(jax.device_put(x, want))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+@functools.lru_cache(maxsize=None)
+def _take_cached(axis, idx_bytes, n, sharding):
+    idx = np.frombuffer(idx_bytes, np.int64)[:n]
+    return jax.jit(lambda x: take_index(x, axis, idx), out_shardings=sharding)
+
+
+def _take_to(axis: int, idx: np.ndarray, sharding):
+    idx = np.asarray(idx, np.int64)
+    return _take_cached(axis, idx.tobytes(), len(idx), sharding)
+
+
+def shard_target(model, mesh: Mesh):
+    """The target (jaxspec.model.Qwen35) in the tp layout of `mesh`; checks the degrees first."""
+    from flax import nnx
+
+    from jaxspec.model import Qwen35
+
+    check_target(model.cfg, tp_degree(mesh))
+    return shard_module(model, mesh, lambda c: Qwen35(c, rngs=nnx.Rngs(0)))
+
+
+def shard_drafter(drafter, mesh: Mesh):
+    """The DFlash drafter (jaxspec.drafter.Drafter) in the tp layout of `mesh`."""
+    from flax import nnx
+
+    from jaxspec.drafter import Drafter
+
+    check_drafter(drafter.cfg, tp_degree(mesh))
+    return shard_module(drafter, mesh, lambda c: Drafter(c, rngs=nnx.Rngs(0)))
+
+
+# ------------------------------------------------------------------------------------------------ state
+
+
+def state_shardings(mesh: Mesh, state):
+    """NamedShardings for a State, DrafterCache or any dataclass pytree of them (fields by STATE_AXES;
+    other arrays: batch on the data axis when their first dim is the batch, else replicated)."""
+    def one(path, leaf):
+        field = next((str(getattr(k, "name", "")) for k in reversed(path) if hasattr(k, "name")), "")
+        ndim = len(leaf.shape)
+        if field in STATE_AXES and len(STATE_AXES[field]) == ndim:
+            return NamedSharding(mesh, spec(STATE_AXES[field]))
+        if ndim and leaf.shape[0] % dp_degree(mesh) == 0 and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return NamedSharding(mesh, P(DATA))
+        return NamedSharding(mesh, P())
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def constrain_state(mesh: Mesh | None, state):
+    """with_sharding_constraint of a state pytree to `state_shardings` (inside jit); no-op without a mesh."""
+    if mesh is None:
+        return state
+    return jax.lax.with_sharding_constraint(state, state_shardings(mesh, state))
+
+
+def put_state(mesh: Mesh | None, make: Callable[[], Any]):
+    """`make()` (a state constructor) run under jit straight into its shardings."""
+    if mesh is None:
+        return make()
+    abstract = jax.eval_shape(make)
+    return jax.jit(make, out_shardings=state_shardings(mesh, abstract))()
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+
+
+def per_shard(fn, q, k, v, g, beta, anc, s0):
+    """The tree delta rule (q, k, v [B,N,H,D]; g, beta [B,N,H]; anc [B,N,N]; s0 [B,H,Dk,Dv]) run per shard
+    with shard_map over (data: batch, model: heads) when a mesh with those axes is set; else `fn` itself."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or DATA not in mesh.axis_names or MODEL not in mesh.axis_names or mesh.size == 1:
+        return fn(q, k, v, g, beta, anc, s0)
+    heads4, heads3 = P(DATA, None, MODEL, None), P(DATA, None, MODEL)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(heads4, heads4, heads4, heads3, heads3, P(DATA), P(DATA, MODEL)),
+                         out_specs=(heads4, heads4, heads3), check_vma=False)(q, k, v, g, beta, anc, s0)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def base_sharding(mesh: Mesh, cfg) -> Callable[[tuple, tuple], NamedSharding]:
+    """(param path, shape) -> the sharding to read the *unsharded* layout's param with: its tp sharding,
+    except along an axis that `tp_index` rearranges (kv heads repeated, vocabulary padded), which stays
+    whole until `to_tp_layout` rearranges it on the devices."""
+    tp = tp_degree(mesh)
+
+    def get(path, shape):
+        s = list(param_spec(path, len(shape))) + [None] * len(shape)
+        m = tp_index(path, cfg, tp)
+        if m is not None:
+            s[m[0]] = None
+        return NamedSharding(mesh, P(*s[:len(shape)]))
+    return get
+
+
+def to_tp_layout(abstract_fn, cfg, mesh: Mesh, values: dict):
+    """(graphdef, flat abstract state, values) of the tp layout, from `values` of the unsharded layout read
+    with `base_sharding`. abstract_fn(config) -> (graphdef, flat state), as convert/hf.abstract_params."""
+    tp = tp_degree(mesh)
+    graphdef, flat = abstract_fn(tp_config(cfg, tp))
+    out = dict(values)
+    for path, x in values.items():
+        m = tp_index(path, cfg, tp)
+        if m is not None:
+            out[path] = _take_to(m[0], m[1], NamedSharding(mesh, param_spec(path, x.ndim)))(x)
+    return graphdef, flat, out
+
+
+def vocab_top_k(x, k: int, local_top_k=jax.lax.top_k):
+    """`lax.top_k` over a vocabulary (last axis) split on the model axis of the mesh being traced under:
+    each shard ranks its own slice, then the tp * k winners (gathered in vocabulary order) are ranked
+    again, so ties keep the lower token id as a stable top_k does. None without such a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or MODEL not in mesh.axis_names or mesh.shape[MODEL] == 1 or MODEL in mesh.manual_axes:
+        return None
+    tp = mesh.shape[MODEL]
+    v = x.shape[-1]
+    if v % tp or k > v // tp:
+        return None
+    batch = DATA if DATA in mesh.axis_names and x.shape[0] % mesh.shape[DATA] == 0 else None
+    lead = (batch,) + (None,) * (x.ndim - 2)
+
+    def local(xs):
+        val, idx = local_top_k(xs, k)
+        idx = idx + jax.lax.axis_index(MODEL) * (v // tp)
+        val = jax.lax.all_gather(val, MODEL, axis=xs.ndim - 1, tiled=True)
+        idx = jax.lax.all_gather(idx, MODEL, axis=xs.ndim - 1, tiled=True)
+        top, pos = jax.lax.top_k(val, k)
+        return top, jnp.take_along_axis(idx, pos, -1)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(*lead, MODEL), out_specs=(P(*lead, None), P(*lead, None)),
+                         check_vma=False)(x)

@@ -1,0 +1,263 @@
+"""Tensor and data parallelism (jaxspec/sharding.py) on 8 simulated CPU devices (tests/conftest.py):
+sharded == unsharded for logits and for greedy AR / DFlash / DDTree tokens, sharded loading straight
+from (sharded) HF checkpoints and from Orbax, the collectives of the compiled round, degree errors.
+
+The tiny target has 8 query heads, 2 kv heads, 8 GDN key heads (16 value heads) and a vocabulary of
+509: TP 2 splits the kv heads, TP 4 and 8 repeat them, and every degree pads the vocabulary."""
+
+import collections
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import make_causal_lm
+from convert.hf import load_target
+from convert.keys import gdn_channel_order, gdn_channels
+from convert.store import load_model, restore_converted, save_converted
+from jaxspec import sharding as S
+from jaxspec import tree as trees
+from jaxspec.config import ConfigError
+from jaxspec.dflash import DFlash
+from jaxspec.drafter import Drafter
+from jaxspec.engine import Decoding, Engine
+from jaxspec.model import init_state
+from test_dflash import drafter_config
+
+SHAPE = dict(vocab_size=509, num_attention_heads=8, num_key_value_heads=2, linear_num_key_heads=8,
+             linear_num_value_heads=16, linear_key_head_dim=8, linear_value_head_dim=8)
+slow = pytest.mark.slow
+# (tp, dp): the fast default covers kv heads repeated, data parallel and vocabulary padding.
+MESHES = [(4, 2), pytest.param(2, 1, marks=slow), pytest.param(8, 1, marks=slow)]
+
+
+def same_spec(array, axes):
+    want = jax.sharding.NamedSharding(array.sharding.mesh, S.spec(axes))
+    return array.sharding.is_equivalent_to(want, array.ndim)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tp_target")
+    make_causal_lm(path, seed=4, max_shard_size="100KB", **SHAPE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def target(ckpt):
+    return load_target(ckpt, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return Drafter(drafter_config(vocab_size=509, mask_token_id=500, num_heads=8, num_kv_heads=2),
+                   rngs=nnx.Rngs(3))
+
+
+def flat(model):
+    return {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def forward(model, tokens, tree, state, mesh=None):
+    gd, params = nnx.split(model)
+    f = jax.jit(lambda p, t, s, tr: nnx.merge(gd, p)(t, s, tr)[0])
+    if mesh is None:
+        return f(params, tokens, state, tree)
+    with jax.set_mesh(mesh):
+        return f(params, tokens, state, tree)
+
+
+def logits_of(model, mesh=None, b=2):
+    rng = np.random.RandomState(0)
+    tokens = jnp.asarray(rng.randint(0, 509, (b, 40)))
+    make = lambda: init_state(model.cfg, b, 96)
+    state = S.put_state(mesh, make)
+    full = forward(model, tokens, trees.chain(b, 40), state, mesh)
+    parent = jnp.asarray([[-1, 0, 0, 1, 2, 4, 4, 5]] * b)
+    tree_logits = forward(model, tokens[:, :8], trees.from_parents(parent), state, mesh)
+    return np.asarray(full), np.asarray(tree_logits)
+
+
+def test_layouts(target):
+    cfg = target.cfg
+    assert S.tp_config(cfg, 2).num_kv_heads == 2 and S.tp_config(cfg, 2).padded_vocab == 510
+    assert S.tp_config(cfg, 8).num_kv_heads == 8 and S.tp_config(cfg, 8).padded_vocab == 512
+    # Key-head-group order: head h's q, k, then its value heads; a permutation.
+    order = gdn_channel_order(*gdn_channels(cfg))
+    assert sorted(order) == list(range(cfg.conv_dim))
+    assert list(order[:8]) == list(range(8)) and list(order[8:16]) == list(range(64, 72))
+    assert list(order[16:32]) == list(range(128, 144))
+
+
+@pytest.mark.parametrize("tp,dp", MESHES)
+def test_logits_sharded_equal_unsharded(target, tp, dp):
+    ref = logits_of(target)
+    mesh = S.make_mesh(tp, dp)
+    sharded = S.shard_target(target, mesh)
+    assert sharded.cfg.num_kv_heads == max(2, tp)
+    emb = sharded.embed_tokens[...]
+    assert emb.shape[0] % tp == 0 and same_spec(emb, ("vocab", "embed"))
+    got = logits_of(sharded, mesh)
+    for r, g in zip(ref, got):
+        assert np.isneginf(g[..., 509:]).all()
+        np.testing.assert_allclose(g[..., :509], r, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("tp,dp", [(8, 1), pytest.param(2, 2, marks=slow)])
+def test_greedy_tokens_identical(target, drafter, tp, dp):
+    rs = np.random.RandomState(tp)
+    prompts = [rs.randint(0, 509, size=n).tolist() for n in (7, 30)]
+    mesh = S.make_mesh(tp, dp)
+    st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
+    assert same_spec(sd.layers[0].self_attn.q_proj.kernel[...], ("embed", "heads"))
+    for spec, sspec in ((None, None), (DFlash(drafter, target.cfg), DFlash(sd, st.cfg)),
+                        (DFlash(drafter, target.cfg, budget=12), DFlash(sd, st.cfg, budget=12))):
+        ref = Engine(target, spec).generate(prompts, 20, rounds_per_call=4)
+        out = Engine(st, sspec, mesh=mesh).generate(prompts, 20, rounds_per_call=4)
+        assert out.tokens == ref.tokens, getattr(spec, "name", "ar")
+        np.testing.assert_array_equal(out.hist, ref.hist)
+        state = out.final.state
+        assert same_spec(state.ssm[0], S.STATE_AXES["ssm"]) and same_spec(state.conv[0], S.STATE_AXES["conv"])
+        assert same_spec(state.keys[0], S.STATE_AXES["keys"])
+
+
+@pytest.mark.parametrize("tp,dp", [(8, 1), (2, 2), pytest.param(4, 1, marks=slow)])
+def test_load_reads_shards_straight_from_the_files(ckpt, target, tp, dp, monkeypatch):
+    """load_target(mesh=) == shard_target(load_target()), bit for bit, without ever reading whole tensors."""
+    from safetensors import safe_open
+    mesh = S.make_mesh(tp, dp)
+    whole = []
+    real = safe_open
+
+    class Spy:
+        def __init__(self, *a, **k):
+            self.f = real(*a, **k)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *a):
+            return self.f.__exit__(*a)
+
+        def get_tensor(self, key):
+            whole.append(key)
+            return self.f.get_tensor(key)
+
+        def get_slice(self, key):
+            return self.f.get_slice(key)
+
+        def keys(self):
+            return self.f.keys()
+
+    import convert.hf
+    monkeypatch.setattr(convert.hf, "safe_open", Spy)
+    loaded = load_target(ckpt, dtype="float32", mesh=mesh)
+    assert whole == []
+    monkeypatch.undo()
+    want = S.shard_target(target, mesh)
+    assert loaded.cfg == want.cfg
+    a, b = flat(loaded), flat(want)
+    for p in b:
+        assert a[p].sharding.is_equivalent_to(b[p].sharding, b[p].ndim), p
+        np.testing.assert_array_equal(np.asarray(a[p]), np.asarray(b[p]), err_msg=str(p))
+
+
+def test_orbax_restore_on_a_mesh(ckpt, target, tmp_path):
+    out = save_converted(target, tmp_path / "conv", ckpt)
+    mesh = S.make_mesh(8, 1)
+    restored = load_model(out, mesh=mesh)
+    want = S.shard_target(target, mesh)
+    a, b = flat(restored), flat(want)
+    for p in b:
+        assert a[p].sharding.is_equivalent_to(b[p].sharding, b[p].ndim), p
+        np.testing.assert_array_equal(np.asarray(a[p]), np.asarray(b[p]), err_msg=str(p))
+
+
+def test_version_1_orbax_dirs_are_upgraded(ckpt, target, tmp_path):
+    """Version 1 kept the GDN fused channels in HF order; restoring one reorders them."""
+    cfg = target.cfg
+    inverse = np.argsort(gdn_channel_order(*gdn_channels(cfg)))
+    old = load_target(ckpt, dtype="float32")
+    for layer in old.layers:
+        if not layer.is_full:
+            g = layer.linear_attn
+            g.in_proj_qkv.kernel.set_value(g.in_proj_qkv.kernel[...][:, inverse])
+            g.conv1d.set_value(g.conv1d[...][:, inverse])
+    out = save_converted(old, tmp_path / "v1", ckpt)
+    meta = json.loads((out / "jaxspec.json").read_text())
+    (out / "jaxspec.json").write_text(json.dumps({**meta, "version": 1}))
+    a, b = flat(restore_converted(out)), flat(target)
+    for p in b:
+        np.testing.assert_array_equal(np.asarray(a[p]), np.asarray(b[p]), err_msg=str(p))
+
+
+def collectives(hlo: str) -> collections.Counter:
+    return collections.Counter(re.findall(
+        r"= [^ ]+ (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(", hlo))
+
+
+def test_compiled_round_has_two_all_reduces_per_layer(target, drafter):
+    """AR and DFlash rounds at TP 4: two all-reduces of the residual per target layer, and no all-gather
+    of anything larger than a per-shard scalar per token (the sharded argmax)."""
+    mesh = S.make_mesh(4, 1)
+    st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
+    for spec in (None, DFlash(sd, st.cfg)):
+        eng = Engine(st, spec, mesh=mesh)
+        _, state, draft, key = eng.prefill([[1, 2, 3]], 64)
+        n = eng.spec.tree_size
+        d = Decoding(state, draft, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32),
+                     jnp.ones((1,), jnp.int32), jnp.zeros((1,), bool), key, jnp.zeros((1, n + 1), jnp.int32),
+                     jnp.zeros((1,), jnp.int32))
+        hlo = eng._run.lower(eng.params, d, 8, 4).compile().as_text()
+        ops = collectives(hlo)
+        h = target.cfg.hidden_size
+        residual = [l for l in hlo.splitlines() if re.search(rf"= f32\[1,{n},{h}\]\S* all-reduce(-start)?\(", l)]
+        layers = target.cfg.num_layers + (0 if spec is None else 2 * sd.cfg.num_layers)
+        assert len(residual) >= 2 * target.cfg.num_layers, ops
+        assert ops["all-reduce"] <= 2 * layers + 8, ops
+        for line in hlo.splitlines():
+            m = re.search(r"= (\w+)\[([\d,]*)\][^ ]* all-gather(-start)?\(", line)
+            if m:
+                size = np.prod([int(x) for x in m.group(2).split(",") if x])
+                assert size <= 4 * n * 16, line[:200]
+        assert ops["all-to-all"] == 0 and ops["reduce-scatter"] == 0, ops
+
+
+def test_pallas_kernel_runs_per_shard(target, monkeypatch):
+    """With the Pallas tree delta rule selected, the sharded forward goes through shard_map and matches."""
+    monkeypatch.setenv("JAXSPEC_TREE_DELTA_RULE", "pallas_interpret")
+    mesh = S.make_mesh(4, 2)
+    sharded = S.shard_target(target, mesh)
+    b = 2
+    tokens = jnp.asarray(np.random.RandomState(1).randint(0, 509, (b, 8)))
+    parent = jnp.asarray([[-1, 0, 0, 1, 2, 4, 4, 5]] * b)
+    tr = trees.from_parents(parent)
+    gd, params = nnx.split(sharded)
+    state = S.put_state(mesh, lambda: init_state(sharded.cfg, b, 32))
+    f = jax.jit(lambda p, t, s, tr: nnx.merge(gd, p)(t, s, tr)[0])
+    with jax.set_mesh(mesh):
+        hlo = f.lower(params, tokens, state, tr).as_text()
+        got = f(params, tokens, state, tr)
+    assert "shard_map" in hlo or "sdy.manual_computation" in hlo or "custom_call" in hlo
+    monkeypatch.delenv("JAXSPEC_TREE_DELTA_RULE")
+    ref = forward(target, tokens, tr, init_state(target.cfg, b, 32))
+    np.testing.assert_allclose(np.asarray(got)[..., :509], np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
+def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
+    cfg = target.cfg
+    with pytest.raises(ConfigError, match=r"num_attention_heads=8 is not a multiple of 3"):
+        S.check_target(cfg, 3)
+    with pytest.raises(ConfigError, match=r"linear_num_key_heads=8 is not a multiple of 16"):
+        S.check_target(cfg.replace(num_heads=16, intermediate_size=256), 16)
+    with pytest.raises(ConfigError, match=r"num_key_value_heads=3"):
+        S.check_target(cfg.replace(num_heads=24, num_kv_heads=3), 2)
+    with pytest.raises(ConfigError, match=r"DFlash drafter: intermediate_size=100 is not a multiple of 8"):
+        S.check_drafter(drafter.cfg.replace(intermediate_size=100), 8)
+    with pytest.raises(ConfigError, match=r"needs 16 devices, but 8 are visible"):
+        S.make_mesh(8, 2)
