@@ -1,0 +1,24 @@
+"""bench/tp.py at the tiny shape on 4 of the 8 simulated CPU devices: TP = 1 vs TP = 4 token identity for
+AR, DFlash and DDTree, every timing phase and the all-reduce estimate, in the JSON."""
+
+import json
+
+import pytest
+
+from bench import tp
+
+
+@pytest.mark.slow
+def test_bench_tp_tiny(tmp_path):
+    out = tmp_path / "tp.json"
+    rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "4", "--contexts", "48,96", "--budget", "8",
+                  "--prompt", "20", "--new", "12", "--rounds", "4", "--k", "2", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0
+    assert set(res["identity"]) == {"ar", "dflash", "ddtree8"}
+    assert all(v["identical"] for v in res["identity"].values()), res["identity"]
+    for ctx in ("48", "96"):
+        assert set(res["timings"][ctx]) == {"ar_round", "dflash_round", "ddtree8_round", "verify16", "verify9"}
+    assert res["allreduce"]["ar_round"]["ms_per_round"] > 0
+    assert res["git"]["commit"] and res["machine"]["device_count"] == 8 and res["date"]
+    assert res["skipped"] == []
