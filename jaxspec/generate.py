@@ -158,7 +158,7 @@ def main(argv=None) -> int:
             try:
                 model = sharding.shard_target(model, mesh)
             except ConfigError as e:
-                parser().error(f"--tp {args.tp}: {e}")
+                parser().error(str(e))
     else:
         from convert.hf import CheckpointError
         from convert.store import load_model
