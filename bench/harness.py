@@ -512,16 +512,18 @@ def run_prefill(graphdef, cfg, params, pbytes, args) -> dict:
 
 
 def git_info() -> dict:
+    """The commit the timed code came from. JAXSPEC_COMMIT (and JAXSPEC_DIRTY) win when set: a run from an
+    exported snapshot sits inside a checkout whose own .git may be another commit."""
+    if os.environ.get("JAXSPEC_COMMIT"):
+        return dict(commit=os.environ["JAXSPEC_COMMIT"],
+                    dirty=os.environ.get("JAXSPEC_DIRTY", "unknown") not in ("0", "false", "False"), source="env")
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True, check=True)
         return dict(commit=head.stdout.strip(), dirty=bool(dirty.stdout.strip()), source="git")
     except (OSError, subprocess.CalledProcessError):
-        # The device machine gets the working tree without .git: the caller passes the commit along.
-        return dict(commit=os.environ.get("JAXSPEC_COMMIT", "unknown"),
-                    dirty=os.environ.get("JAXSPEC_DIRTY", "unknown") not in ("0", "false", "False"),
-                    source="env")
+        return dict(commit="unknown", dirty=True, source="none")
 
 
 _SOURCES = ("jaxspec/model.py", "jaxspec/tree.py", "jaxspec/config.py",
