@@ -217,9 +217,21 @@ def test_gpu_sizes(seed, n, prefix):
 
 
 @on_gpu
-@pytest.mark.parametrize("block_q,block_k,num_warps", [(16, 64, 4), (32, 32, 4), (64, 128, 8), (64, 64, 4)])
+@pytest.mark.parametrize("block_q,block_k,num_warps", [(16, 64, 4), (32, 32, 4), (16, 128, 8), (64, 64, 4)])
 def test_gpu_tuning_variants(seed, block_q, block_k, num_warps):
     _gpu_check(seed, Spec(2, 65, 8192, dtype="bfloat16"), block_q=block_q, block_k=block_k, num_warps=num_warps)
+
+
+@pytest.mark.parametrize("dtype,block_q,block_k", [("bfloat16", 64, 64), ("float32", 32, 32)])
+def test_default_tiles_fit_shared_memory(dtype, block_q, block_k):
+    """The H200 refused fp32 at hd 256 with 64-key tiles (237,824 > 232,448 bytes) and bf16 (64, 128)
+    (294,912): the defaults now pick tiles that fit, and an explicit tile that cannot fit is refused by name."""
+    itemsize = jnp.dtype(dtype).itemsize
+    assert pallas_triton.smem_bytes(block_q, block_k, 256, itemsize, 2) <= pallas_triton.SMEM_LIMIT
+    assert pallas_triton.smem_bytes(block_q, 2 * block_k, 256, itemsize, 2) > pallas_triton.SMEM_LIMIT
+    args = make_inputs(3, Spec(1, 5, 40, heads=4, kv_heads=2, head_dim=256, dtype=dtype))
+    with pytest.raises(ValueError, match="shared memory"):
+        jax.eval_shape(lambda *a: pallas_triton.tree_attention(*a, block_q=64, block_k=128), *args)
 
 
 @on_gpu

@@ -121,9 +121,20 @@ def default_splits(batch, kv_heads, row_blocks, length, block_k):
     return int(max(1, min(want, 64, length // block_k)))
 
 
+# Shared memory one block may take on an H200 (Triton reports requests against this number).
+SMEM_LIMIT = 232448
+
+
+def smem_bytes(block_q, block_k, hd, itemsize, num_stages):
+    """Upper estimate of a program's shared memory: the K tile per pipeline stage plus V, the query block,
+    and the fp32 score and probability tiles. On the H200 it matched Triton's requests: 294,912 bytes
+    for bf16 (64, 128, hd 256, 2 stages) exactly, and 245,760 against 237,824 for fp32 (32, 64, hd 256)."""
+    return ((num_stages + 1) * block_k * hd * itemsize + block_q * hd * itemsize + 2 * block_q * block_k * 4)
+
+
 @functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
                                              "num_stages"))
-def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=64, splits=None,
+def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
                    num_warps=None, num_stages=2):
     """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
     >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
@@ -135,9 +146,20 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
                          f"cache length {length} >= 16")
     group = h // kvh
     rows = n * group
-    block_k = min(block_k, 1 << (length.bit_length() - 1))      # a tile fits in the cache
     # fp32 tiles take twice the registers (and fp32 dots run as FMA, not on tensor cores)
     block_q = block_q or min(64 if keys.dtype.itemsize == 2 else 32, max(16, pl.next_power_of_2(rows)))
+    itemsize = keys.dtype.itemsize
+    if block_k is None:
+        # The largest tile up to 64 keys whose pipeline fits in shared memory (fp32 at hd 256: 32).
+        block_k = 64
+        while block_k > 16 and smem_bytes(block_q, block_k, hd, itemsize, num_stages) > SMEM_LIMIT:
+            block_k //= 2
+    elif not interpret and smem_bytes(block_q, block_k, hd, itemsize, num_stages) > SMEM_LIMIT:
+        raise ValueError(f"tree_attention kernel: block_q={block_q}, block_k={block_k}, num_stages={num_stages} at "
+                         f"head_dim {hd} ({keys.dtype}) needs about "
+                         f"{smem_bytes(block_q, block_k, hd, itemsize, num_stages)} bytes of shared memory, "
+                         f"more than the {SMEM_LIMIT} a block may have; use a smaller block_k or block_q")
+    block_k = min(block_k, 1 << (length.bit_length() - 1))      # a tile fits in the cache
     row_blocks = pl.cdiv(rows, block_q)
     r_pad = row_blocks * block_q
     splits = splits or default_splits(b, kvh, row_blocks, length, block_k)
