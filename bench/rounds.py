@@ -4,6 +4,11 @@ of k tokens / round (k = 1, 3, 5), each against the AR step of the same run. Ran
 device (`bench.harness.build_params`).
 
     python -m bench.rounds --config real --context 1024 --budgets 16,32,64,128,256,512 --out r.json
+    python -m bench.rounds --config real --context 1024,32768,131072 --rounds-only --out r.json
+
+Several contexts share one cache length (the largest), so every function compiles once and each context
+only changes the committed length. The reference attention reads the whole cache whatever the length:
+set JAXSPEC_TREE_ATTENTION=pallas_triton to read only the committed prefix and the tree.
 
 Phase timings are back to back (K calls issued, then one sync; per call = total / K), which is how
 they run inside the engine's device loop; rounds run inside the engine's own `while_loop`.
@@ -104,7 +109,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.rounds", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
-    ap.add_argument("--context", type=int, default=1024, help="committed tokens before the timed rounds")
+    ap.add_argument("--context", default="1024",
+                    help="committed tokens before the timed rounds; a comma list (1024,32768,131072) times every "
+                         "phase at each, with one cache length (the largest) so each function compiles once")
     ap.add_argument("--budgets", default="16,32,64,128,256,512", help="DDTree budgets for tree build timing")
     ap.add_argument("--round-budget", type=int, default=64, help="DDTree budget of the timed round")
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
@@ -125,19 +132,43 @@ def main(argv=None):
     _, cfg = H.resolve_config(args.config, "bfloat16")
     dcfg = qwen36_27b_dflash() if args.config == "real" else tiny_drafter(cfg)
     budgets = [int(b) for b in args.budgets.split(",") if b]
-    bs, ctx = dcfg.block_size, args.context
-    max_len = ctx + 64 * args.rounds * 8 + 1100
-    result = dict(kind="rounds", config=args.config, context=ctx, block_size=bs, git=H.git_info(),
-                  machine=H.machine_info(), versions=H.versions(),
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(), phases={})
-    ph = result["phases"]
+    bs = dcfg.block_size
+    try:
+        contexts = [int(c) for c in args.context.split(",") if c]
+    except ValueError:
+        ap.error(f"--context: expected integers separated by commas, got {args.context!r}")
+    if not contexts or min(contexts) < 1:
+        ap.error(f"--context: expected positive token counts, got {args.context!r}")
+    max_len = max(contexts) + 64 * args.rounds * 8 + 1100
+    result = dict(kind="rounds", config=args.config, context=contexts[0] if len(contexts) == 1 else contexts,
+                  max_len=max_len, block_size=bs, git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    # One context: the flat layout of earlier runs ("phases", "vs_ar_step"); several: "contexts" and "ratios"
+    # keyed by the context, each against the AR step at that context.
+    tables = {c: {} for c in contexts}
+    if len(contexts) == 1:
+        result["phases"] = tables[contexts[0]]
+    else:
+        result["contexts"] = {str(c): t for c, t in tables.items()}
+    made = {}
+
+    def memo(name, make):
+        if name not in made:
+            made[name] = make()
+        return made[name]
 
     def save():
-        timed = {k: v["median_ms"] for k, v in ph.items() if isinstance(v, dict) and "median_ms" in v}
-        if "ar_step" in ph:
-            result["vs_ar_step"] = {k: v / ph["ar_step"]["median_ms"] for k, v in timed.items()}
-        if "roofline_ms_at_4.30TB_s" in result:
-            result["vs_roofline"] = {k: v / result["roofline_ms_at_4.30TB_s"] for k, v in timed.items()}
+        for ctx, ctx_ph in tables.items():
+            timed = {k: v["median_ms"] for k, v in ctx_ph.items() if isinstance(v, dict) and "median_ms" in v}
+            ratios = {}
+            if "ar_step" in ctx_ph:
+                ratios["vs_ar_step"] = {k: v / ctx_ph["ar_step"]["median_ms"] for k, v in timed.items()}
+            if "roofline_ms_at_4.30TB_s" in result:
+                ratios["vs_roofline"] = {k: v / result["roofline_ms_at_4.30TB_s"] for k, v in timed.items()}
+            if len(contexts) == 1:
+                result.update(ratios)
+            else:
+                result.setdefault("ratios", {})[str(ctx)] = ratios
         if args.out:
             with open(args.out + ".tmp", "w") as f:
                 json.dump(result, f, indent=1)
@@ -157,128 +188,135 @@ def main(argv=None):
     dgd, dp = nnx.split(drafter)
     pending = jnp.ones((1,), jnp.int32)
 
-    # AR step, back to back and inside the engine's device loop.
-    step = jax.jit(H.make_decode_step(gd, cfg, 1), donate_argnums=(1,))
-    st = H.random_state(cfg, 1, max_len, ctx)
-    tok = jnp.ones((1, 1), jnp.int32)
-    for _ in range(3):
-        st, tok = step(tp, st, tok)
-    jax.block_until_ready(st)
-    per = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(args.k):
-            st, tok = step(tp, st, tok)
-        jax.block_until_ready(tok)
-        per.append((time.perf_counter() - t) * 1e3 / args.k)
-    ph["ar_step"] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=args.k)
-    del st
-    log(f"ar_step {ph['ar_step']}")
-    save()
-
-    def engine_rounds(spec, name, cache=None):
-        eng = Engine(model, spec, Sampling())
+    def measure(ctx, ph):
+        """Every phase at one context; jitted functions and engines are made once (memo) and reused."""
+        # AR step, back to back and inside the engine's device loop.
+        step = memo("ar_step", lambda: jax.jit(H.make_decode_step(gd, cfg, 1), donate_argnums=(1,)))
         st = H.random_state(cfg, 1, max_len, ctx)
-        if cache is None:
-            cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
-        n = eng.spec.tree_size
-        big = 1 << 20
-        d = Decoding(st, cache, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32),
-                     jnp.zeros((1,), bool), jax.random.key(0), jnp.zeros((1, n + 1), jnp.int32),
-                     jnp.zeros((1,), jnp.int32))
-        # out has 8 slots: writes past it are dropped, which costs the same as keeping them.
-        d = eng._run(eng.params, d, big, args.rounds)
-        jax.block_until_ready(d)
+        tok = jnp.ones((1, 1), jnp.int32)
+        for _ in range(3):
+            st, tok = step(tp, st, tok)
+        jax.block_until_ready(st)
         per = []
-        for _ in range(4):
-            r0 = int(d.rounds[0])
+        for _ in range(5):
             t = time.perf_counter()
-            d = eng._run(eng.params, d, big, args.rounds)
-            jax.block_until_ready(d)
-            per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
-        hist = np.asarray(d.hist).sum(0)
-        ph[name] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=args.rounds,
-                        tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
-        log(f"{name} {ph[name]}")
+            for _ in range(args.k):
+                st, tok = step(tp, st, tok)
+            jax.block_until_ready(tok)
+            per.append((time.perf_counter() - t) * 1e3 / args.k)
+        ph["ar_step"] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=args.k)
+        del st
+        log(f"ar_step {ph['ar_step']}")
         save()
 
-    if "ar" in groups:
-        engine_rounds(None, "ar_round_device_loop")
-
-    if groups & {"dflash", "ddtree"}:
-        # DFlash phases.
-        cache = random_cache(dcfg, 1, max_len, ctx)
-        draft = jax.jit(lambda dp, tp, c, a: nnx.merge(dgd, dp).draft(c, a, nnx.merge(gd, tp).embed_tokens[...],
-                                                                       nnx.merge(gd, tp).unembedding(), bs))
-        ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
-        log(f"draft {ph['draft']}")
-        logits = draft(dp, tp, cache, pending)
-        del cache
-
-        # The state is donated and threaded from call to call, as in the engine's round (an undonated
-        # state makes every call copy the whole KV cache).
-        fwd = jax.jit(lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids),
-                      donate_argnums=(2,))
-
-        def accept_commit(tp, st, pend, tr, toks, lg):
-            path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
-            return M.commit(cfg, st, pend, tr, path, n), bonus
-        ac = jax.jit(accept_commit, donate_argnums=(1,))
-
-        def verify_phases(toks, tr, name):
-            if args.rounds_only:
-                return
+        def engine_rounds(spec, name, cache=None):
+            eng = memo(name, lambda: Engine(model, spec(), Sampling()) if spec else Engine(model, None, Sampling()))
             st = H.random_state(cfg, 1, max_len, ctx)
-            ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k, thread=(2, 2))
-            lg, _, st2, pend = fwd(tp, toks, H.random_state(cfg, 1, max_len, ctx), tr)
-            # Each commit advances the length by up to the tree depth: max_len leaves room for the calls.
-            ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k, thread=(1, 0))
-            log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
+            if cache is None:
+                cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
+            n = eng.spec.tree_size
+            big = 1 << 20
+            d = Decoding(st, cache, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32),
+                         jnp.zeros((1,), bool), jax.random.key(0), jnp.zeros((1, n + 1), jnp.int32),
+                         jnp.zeros((1,), jnp.int32))
+            # out has 8 slots: writes past it are dropped, which costs the same as keeping them.
+            d = eng._run(eng.params, d, big, args.rounds)
+            jax.block_until_ready(d)
+            per = []
+            for _ in range(4):
+                r0 = int(d.rounds[0])
+                t = time.perf_counter()
+                d = eng._run(eng.params, d, big, args.rounds)
+                jax.block_until_ready(d)
+                per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
+            hist = np.asarray(d.hist).sum(0)
+            ph[name] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=args.rounds,
+                            tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
+            log(f"{name} {ph[name]}")
             save()
 
-    if "dflash" in groups:
-        chain_toks = jnp.concatenate([pending[:, None], jnp.argmax(logits, -1).astype(jnp.int32)], 1)
-        verify_phases(chain_toks, trees.chain(1, bs), f"chain{bs}")
-        engine_rounds(DFlash(drafter, cfg), "dflash_round")
+        if "ar" in groups:
+            engine_rounds(None, "ar_round_device_loop")
 
-    if "ddtree" in groups:
-        # DDTree phases.
-        logp = jax.nn.log_softmax(logits, -1)
-        ph["tree_build"] = {}
-        for b in [] if args.rounds_only else budgets:
-            f = jax.jit(lambda lp, a, b=b: build_tree(lp, a, b))
-            ph["tree_build"][str(b)] = back_to_back(f, (logp, pending), args.k)
-        if ph["tree_build"]:
-            log(f"tree_build {ph['tree_build']}")
-        else:
-            del ph["tree_build"]
-        tr = build_tree(logp, pending, args.round_budget)
-        verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
-        engine_rounds(DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
+        if groups & {"dflash", "ddtree"}:
+            # DFlash phases.
+            cache = random_cache(dcfg, 1, max_len, ctx)
+            draft = memo("draft", lambda: jax.jit(
+                lambda dp, tp, c, a: nnx.merge(dgd, dp).draft(c, a, nnx.merge(gd, tp).embed_tokens[...],
+                                                              nnx.merge(gd, tp).unembedding(), bs)))
+            ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
+            log(f"draft {ph['draft']}")
+            logits = draft(dp, tp, cache, pending)
+            del cache
 
-    if "mtp" in groups:
-        # MTP phases: the checkpoint's head (random weights at the target's shape), its cache at the context.
-        head = random_params(lambda: MT.MTPHead(cfg, rngs=nnx.Rngs(2)), 2)
-        result["mtp_head_bytes"] = H.param_bytes(cfg, nnx.state(head))["total"]
-        hgd, hp = nnx.split(head)
-        mc = random_mtp_cache(cfg, 2, 1, max_len, ctx)
+            # The state is donated and threaded from call to call, as in the engine's round (an undonated
+            # state makes every call copy the whole KV cache).
+            fwd = memo("verify", lambda: jax.jit(
+                lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids), donate_argnums=(2,)))
 
-        def mtp_step(hp, tp, c, a):
-            # One recursive draft step: a head row at the context's end, then the shared lm_head.
-            t = nnx.merge(gd, tp)
-            o, _, _ = nnx.merge(hgd, hp)(t.embed(a[:, None]), c.hidden[:, :1], c.keys, c.values, c.length)
-            return jnp.einsum("bd,dv->bv", o[:, 0], t.unembedding())
-        ph["mtp_step"] = back_to_back(jax.jit(mtp_step), (hp, tp, mc, pending), args.k)
-        log(f"mtp_step {ph['mtp_step']}")
-        for k in [int(x) for x in args.mtp_tokens.split(",") if x]:
-            spec = MT.MTP(head, cfg, k)
-            mc = random_mtp_cache(cfg, spec.tree_size, 1, max_len, ctx)
-            propose = jax.jit(lambda hp, tp, c, a, key, spec=spec: spec.propose(hp, nnx.merge(gd, tp), c, a, key,
-                                                                                 Sampling()))
-            ph[f"mtp_draft_k{k}"] = back_to_back(propose, (spec.params, tp, mc, pending, jax.random.key(0)), args.k)
-            log(f"mtp_draft_k{k} {ph[f'mtp_draft_k{k}']}")
-            engine_rounds(spec, f"mtp{k}_round", mc)
+            def accept_commit(tp, st, pend, tr, toks, lg):
+                path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
+                return M.commit(cfg, st, pend, tr, path, n), bonus
+            ac = memo("accept_commit", lambda: jax.jit(accept_commit, donate_argnums=(1,)))
 
+            def verify_phases(toks, tr, name):
+                if args.rounds_only:
+                    return
+                st = H.random_state(cfg, 1, max_len, ctx)
+                ph[f"verify_{name}"] = back_to_back(fwd, (tp, toks, st, tr), args.k, thread=(2, 2))
+                lg, _, st2, pend = fwd(tp, toks, H.random_state(cfg, 1, max_len, ctx), tr)
+                # Each commit advances the length by up to the tree depth: max_len leaves room for the calls.
+                ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k, thread=(1, 0))
+                log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
+                save()
+
+        if "dflash" in groups:
+            chain_toks = jnp.concatenate([pending[:, None], jnp.argmax(logits, -1).astype(jnp.int32)], 1)
+            verify_phases(chain_toks, trees.chain(1, bs), f"chain{bs}")
+            engine_rounds(lambda: DFlash(drafter, cfg), "dflash_round")
+
+        if "ddtree" in groups:
+            # DDTree phases.
+            logp = jax.nn.log_softmax(logits, -1)
+            ph["tree_build"] = {}
+            for b in [] if args.rounds_only else budgets:
+                f = memo(f"tree_build{b}", lambda b=b: jax.jit(lambda lp, a: build_tree(lp, a, b)))
+                ph["tree_build"][str(b)] = back_to_back(f, (logp, pending), args.k)
+            if ph["tree_build"]:
+                log(f"tree_build {ph['tree_build']}")
+            else:
+                del ph["tree_build"]
+            tr = build_tree(logp, pending, args.round_budget)
+            verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
+            engine_rounds(lambda: DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
+
+        if "mtp" in groups:
+            # MTP phases: the checkpoint's head (random weights at the target's shape), its cache at the context.
+            head = memo("mtp_head", lambda: random_params(lambda: MT.MTPHead(cfg, rngs=nnx.Rngs(2)), 2))
+            result["mtp_head_bytes"] = H.param_bytes(cfg, nnx.state(head))["total"]
+            hgd, hp = nnx.split(head)
+            mc = random_mtp_cache(cfg, 2, 1, max_len, ctx)
+
+            def mtp_step(hp, tp, c, a):
+                # One recursive draft step: a head row at the context's end, then the shared lm_head.
+                t = nnx.merge(gd, tp)
+                o, _, _ = nnx.merge(hgd, hp)(t.embed(a[:, None]), c.hidden[:, :1], c.keys, c.values, c.length)
+                return jnp.einsum("bd,dv->bv", o[:, 0], t.unembedding())
+            ph["mtp_step"] = back_to_back(memo("mtp_step", lambda: jax.jit(mtp_step)), (hp, tp, mc, pending), args.k)
+            log(f"mtp_step {ph['mtp_step']}")
+            for k in [int(x) for x in args.mtp_tokens.split(",") if x]:
+                spec = memo(f"mtp{k}", lambda k=k: MT.MTP(head, cfg, k))
+                mc = random_mtp_cache(cfg, spec.tree_size, 1, max_len, ctx)
+                propose = memo(f"mtp_propose{k}", lambda spec=spec: jax.jit(
+                    lambda hp, tp, c, a, key: spec.propose(hp, nnx.merge(gd, tp), c, a, key, Sampling())))
+                ph[f"mtp_draft_k{k}"] = back_to_back(propose, (spec.params, tp, mc, pending, jax.random.key(0)), args.k)
+                log(f"mtp_draft_k{k} {ph[f'mtp_draft_k{k}']}")
+                engine_rounds(lambda spec=spec: spec, f"mtp{k}_round", mc)
+
+
+    for ctx in contexts:
+        log(f"context {ctx}")
+        measure(ctx, tables[ctx])
     save()
     print(json.dumps(result, indent=1))
 

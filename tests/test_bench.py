@@ -129,3 +129,11 @@ def test_rounds_phases_and_partial_json(tmp_path):
                  "--rounds", "2", "--out", str(out)])
     ph = json.loads(out.read_text())["phases"]
     assert set(ph) == {"ar_step", "draft", "dflash_round"}, sorted(ph)
+    # Several contexts: one table per context, each with its own ratios to the AR step there.
+    rounds.main(["--config", "tiny", "--context", "24,40", "--phases", "mtp", "--mtp-tokens", "1", "--k", "1",
+                 "--rounds", "2", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res["contexts"]) == {"24", "40"} and "phases" not in res
+    for c in ("24", "40"):
+        assert set(res["contexts"][c]) == {"ar_step", "mtp_step", "mtp_draft_k1", "mtp1_round"}
+        assert res["ratios"][c]["vs_ar_step"]["ar_step"] == 1.0
