@@ -10,7 +10,6 @@ Errors are max |x - ref| / max |ref| over the whole output: bound 1e-4 for fp32 
 
 from __future__ import annotations
 
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -19,21 +18,11 @@ import pytest
 
 from pallas_kernels.tree_attention import api, arg_specs, pallas_triton, reference
 from pallas_kernels.tree_attention.arg_specs import Spec, make_inputs
+from kernel_tests import on_gpu
 
 BOUND = {"float32": 1e-4, "bfloat16": 1e-2}
 
 
-def on_gpu(test):
-    """`gpu`-marked (CI deselects it) and skipped, visibly, where there is no GPU."""
-    skip = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: JAX_PLATFORMS=cuda "
-                              "python -m pytest tests/test_tree_attention_kernel.py -m gpu")
-    return pytest.mark.gpu(skip(test))
-
-
-@pytest.fixture
-def seed(request):
-    """A different seed per test (inputs are fresh per test), reproducible from the test id."""
-    return zlib.crc32(request.node.nodeid.encode()) % (1 << 31)
 
 
 def rel_err(x, ref):

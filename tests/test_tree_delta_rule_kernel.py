@@ -9,7 +9,6 @@ Errors are max |x - ref| / max |ref| over the whole output, in fp32: bound 1e-4 
 
 from __future__ import annotations
 
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -18,21 +17,11 @@ import pytest
 
 from pallas_kernels.tree_delta_rule import api, arg_specs, pallas_triton, reference, xla
 from pallas_kernels.tree_delta_rule.arg_specs import Spec, make_inputs
+from kernel_tests import on_gpu
 
 BOUND = 1e-4
 
 
-def on_gpu(test):
-    """`gpu`-marked (CI deselects it) and skipped, visibly, where there is no GPU."""
-    skip = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: JAX_PLATFORMS=cuda "
-                              "python -m pytest tests/test_tree_delta_rule_kernel.py -m gpu")
-    return pytest.mark.gpu(skip(test))
-
-
-@pytest.fixture
-def seed(request):
-    """A different seed per test (inputs are fresh per test), reproducible from the test id."""
-    return zlib.crc32(request.node.nodeid.encode())
 
 
 def rel_err(x, ref):

@@ -8,27 +8,15 @@ GPU (`-m gpu`): the compiled kernel at the real vocabulary (V = 248320).
 
 from __future__ import annotations
 
-import zlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels.verify import api, pallas_triton, reference
+from kernel_tests import on_gpu
 
 REAL_VOCAB = 248320
-
-
-def on_gpu(test):
-    skip = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: JAX_PLATFORMS=cuda "
-                              "python -m pytest tests/test_verify_kernel.py -m gpu")
-    return pytest.mark.gpu(skip(test))
-
-
-@pytest.fixture
-def seed(request):
-    return zlib.crc32(request.node.nodeid.encode()) % (1 << 31)
 
 
 def logits_for(seed, rows, vocab, dtype=jnp.float32, ties=False):

@@ -14,8 +14,7 @@ kernel stays opt-in until its GPU tests have passed on the H200. Shapes the kern
 
 from __future__ import annotations
 
-import os
-
+from pallas_kernels import dispatch
 from pallas_kernels.tree_attention import pallas_triton, reference
 
 ENV_VAR = "JAXSPEC_TREE_ATTENTION"
@@ -24,13 +23,7 @@ IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
 
 def resolve(implementation: str | None = None) -> str:
     """The implementation that `tree_attention` runs."""
-    name = implementation or os.environ.get(ENV_VAR) or None
-    if name is None:
-        return "reference"
-    if name not in IMPLEMENTATIONS:
-        source = "implementation" if implementation else ENV_VAR
-        raise ValueError(f"{source}={name!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
-    return name
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
 
 
 def tree_attention(q, keys, values, start, anc, *, implementation: str | None = None):

@@ -19,8 +19,7 @@ A forced implementation is used as is: forcing "pallas_triton" off the GPU, or b
 
 from __future__ import annotations
 
-import os
-
+from pallas_kernels import dispatch
 from pallas_kernels.tree_delta_rule import pallas_triton, reference, xla
 
 ENV_VAR = "JAXSPEC_TREE_DELTA_RULE"
@@ -29,13 +28,7 @@ IMPLEMENTATIONS = ("pallas_triton", "xla", "reference", "pallas_interpret")
 
 def resolve(n: int, implementation: str | None = None) -> str:
     """The implementation that `tree_delta_rule` runs for a block of n nodes."""
-    name = implementation or os.environ.get(ENV_VAR) or None
-    if name is None:
-        return "xla"
-    if name not in IMPLEMENTATIONS:
-        source = "implementation" if implementation else ENV_VAR
-        raise ValueError(f"{source}={name!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
-    return name
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "xla", implementation)
 
 
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None):

@@ -16,10 +16,9 @@ JAXSPEC_VERIFY (read when the caller is traced); else "reference".
 
 from __future__ import annotations
 
-import os
-
 import jax.numpy as jnp
 
+from pallas_kernels import dispatch
 from pallas_kernels.verify import pallas_triton, reference
 
 ENV_VAR = "JAXSPEC_VERIFY"
@@ -27,13 +26,8 @@ IMPLEMENTATIONS = ("reference", "xla", "pallas_triton", "pallas_interpret")
 
 
 def resolve(implementation: str | None = None) -> str:
-    name = implementation or os.environ.get(ENV_VAR) or None
-    if name is None:
-        return "reference"
-    if name not in IMPLEMENTATIONS:
-        source = "implementation" if implementation else ENV_VAR
-        raise ValueError(f"{source}={name!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
-    return name
+    """The implementation that `target_choice` runs."""
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
 
 
 def target_choice(key, logits, temperature: float, *, implementation: str | None = None):
