@@ -22,8 +22,6 @@ from kernel_tests import on_gpu
 BOUND = 1e-4
 
 
-
-
 def rel_err(x, ref):
     x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
     return float(np.abs(x - ref).max() / np.abs(ref).max())
