@@ -1,0 +1,71 @@
+"""The whole engine with the Pallas kernels switched on (tree attention, tree delta rule, verification):
+greedy AR, DFlash chains and DDTree trees stay token-identical to plain greedy AR without kernels, with
+oracle drafters so that every acceptance length and sibling branches occur.
+
+CPU: the kernels in interpret mode. GPU (`-m gpu`): the compiled Triton kernels, fp32 tiny target
+(`JAX_PLATFORMS=cuda python -m pytest tests/test_kernels_engine.py -m gpu`).
+"""
+
+import numpy as np
+import pytest
+
+from convert.hf import load_target
+from jaxspec.engine import Engine
+from kernel_tests import on_gpu
+from oracle import OracleChain, OracleTree, reference
+from pallas_kernels.tree_attention import pallas_triton as attention_kernel
+from pallas_kernels.tree_delta_rule import pallas_triton as delta_rule_kernel
+from pallas_kernels.verify import pallas_triton as verify_kernel
+
+FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE")
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_hf):
+    """Greedy AR with every op on its default (jnp) implementation."""
+    target = load_target(tiny_hf[0], dtype="float32")
+    rs = np.random.RandomState(7)
+    prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 17)]
+    n_new = 22
+    return target, prompts, n_new, Engine(target).generate(prompts, n_new).tokens
+
+
+def _count_traces(monkeypatch):
+    """Counts, per kernel, how often the engine traced it (so a silent fallback to jnp would fail)."""
+    traced = {}
+    for module, name in ((attention_kernel, "tree_attention"), (delta_rule_kernel, "tree_delta_rule"),
+                         (verify_kernel, "gumbel_choice")):
+        def counting(*a, _fn=getattr(module, name), _name=name, **kw):
+            traced[_name] = traced.get(_name, 0) + 1
+            return _fn(*a, **kw)
+        monkeypatch.setattr(module, name, counting)
+    return traced
+
+
+def _check(baseline, monkeypatch, implementation):
+    target, prompts, n_new, ar = baseline
+    for flag in FLAGS:
+        monkeypatch.setenv(flag, implementation)      # read when the engine's round is traced
+    traced = _count_traces(monkeypatch)
+    assert Engine(target).generate(prompts, n_new).tokens == ar
+    block = 5
+    chain = Engine(target, OracleChain(block, 512, ref=reference(prompts, ar, block)))
+    out = chain.generate(prompts, n_new, seed=1, rounds_per_call=4)
+    assert out.tokens == ar
+    assert (out.hist[1:] > 0).sum() >= 3, out.hist          # several acceptance lengths, not only 1
+    depth, budget = 3, 6
+    tree = Engine(target, OracleTree(depth, budget, 512, reference(prompts, ar, depth + 1)))
+    out = tree.generate(prompts, n_new, seed=2, rounds_per_call=4)
+    assert out.tokens == ar
+    assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
+    assert set(traced) == {"tree_attention", "tree_delta_rule", "gumbel_choice"}, traced
+
+
+@pytest.mark.slow
+def test_interpreted_kernels_keep_the_engine_lossless(baseline, monkeypatch):
+    _check(baseline, monkeypatch, "pallas_interpret")
+
+
+@on_gpu
+def test_gpu_kernels_keep_the_engine_lossless(baseline, monkeypatch):
+    _check(baseline, monkeypatch, "pallas_triton")
