@@ -2,19 +2,24 @@
 
     python -m jaxspec.train pair --out DIR [--time-budget-s 480] [--tiny]
         corpus (the Python standard library's own .py source, some files held out) -> byte-level BPE
-        tokenizer -> a small Qwen3.6-architecture target (GDN + gated attention) -> the target's greedy
-        generations -> a DFlash drafter (block 16) -> HF export of both -> held-out evaluation (tau for
-        DFlash and DDTree, token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.
-    python -m jaxspec.train drafter --target DIR --text PATH... --out DIR
-        a DFlash drafter for an existing target, on the target's greedy continuations of prompts cut
-        from the given text files.
+        tokenizer -> a small Qwen3.6-architecture target (GDN + gated attention) -> the drafter's data (the
+        target teacher-forced over the corpus, or with --drafter-data greedy its greedy generations) -> a
+        DFlash drafter (block 16) -> HF export of both -> held-out evaluation (tau for DFlash and DDTree,
+        token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.
+    python -m jaxspec.train drafter --target DIR --text PATH... --out DIR [--data corpus|greedy]
+        a DFlash drafter for an existing target: by default on the target teacher-forced over windows of the
+        given text files (features cached once, labels its own greedy predictions), or on its greedy
+        continuations of prompts cut from them.
 
 The drafter recipe: the target (and its embedding and lm_head, which the drafter shares) is frozen; per
 sequence, random anchor positions; each block [anchor, MASK x (B-1)] sits at positions anchor..anchor+B-1
 and sees the target's tapped hidden states (fused by fc + hidden_norm) strictly before the anchor plus its
 own block, with the per-layer causality and window of `jaxspec.drafter` (the very masks `Drafter.draft` uses
 at inference; `block_masks` builds them for many blocks at once); cross-entropy on slots 1..B-1 weighted
-by exp(-(k-1)/gamma), normalised by the weight sum. AdamW (decoupled weight decay on matrices) with linear
+by exp(-(k-1)/gamma), normalised by the weight sum. With corpus data (`FeatureCache`, `block_labels`) the
+labels are the target's greedy predictions and slots after the text leaves the target's greedy path are
+masked, so each label is the token the target itself would generate from that anchor. A small data set seen
+many times overfits badly (the first demo drafter: held-out tau 1.15): `warn_epochs` flags it. AdamW (decoupled weight decay on matrices) with linear
 warm-up, cosine decay and global-norm clipping, written here in plain jax. Data parallel over all devices
 (the batch axis of a 1-D mesh). Orbax checkpoints every `--ckpt-every` steps; a rerun with the same
 arguments resumes from the latest one and continues with exactly the steps it would have run.
@@ -377,6 +382,163 @@ def drafter_batches(seqs: np.ndarray, lo, batch: int, block: int, n_anchors: int
     return at
 
 
+# ------------------------------------------------------------------------------------------------
+# Teacher-forced corpus data: the drafter's context features precomputed once
+
+
+def corpus_windows(stream: np.ndarray, window: int, seed: int) -> np.ndarray:
+    """Start offsets of all non-overlapping `window`-token windows of `stream`, in a seeded random order (so
+    any prefix of them is a uniform sample of the corpus)."""
+    n = len(stream) // window
+    if n == 0:
+        raise ValueError(f"token stream of {len(stream)} tokens is shorter than one window of {window}")
+    return (np.random.default_rng(seed).permutation(n) * window).astype(np.int64)
+
+
+def target_features_fn(target: Qwen35, tap_ids: tuple):
+    """jit(tokens [b, t]) -> (taps [b, t, n_taps, D] float16, greedy [b, t] int32): the target's tapped
+    hidden states and its greedy prediction for the next position, teacher-forced on the tokens."""
+    graphdef, state = nnx.split(target)
+
+    @jax.jit
+    def f(state, tokens):
+        model = nnx.merge(graphdef, state)
+        b, t = tokens.shape
+        logits, taps, _, _ = model(tokens, init_state(model.cfg, b, t), trees.chain(b, t), taps=tuple(tap_ids))
+        return taps.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32)
+    return lambda tokens: f(state, jnp.asarray(tokens, jnp.int32))
+
+
+class FeatureCache:
+    """On-disk cache of teacher-forced target features for fixed windows of a token stream:
+    tokens [N, W] int32, greedy [N, W] int32 (the target's argmax for position p + 1 given tokens[..p]) and
+    taps [N, W, n_taps, D] float16, as numpy memmaps in `path`, with meta.json holding how many windows are
+    done. `build` fills it in order and can be interrupted and resumed; readers use the first `done` windows."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = json.loads((self.path / "meta.json").read_text()) if (self.path / "meta.json").exists() else None
+
+    @property
+    def done(self) -> int:
+        return int(self.meta["done"]) if self.meta else 0
+
+    def arrays(self, mode="r"):
+        m = self.meta
+        n, w, k, d = m["windows"], m["window"], m["n_taps"], m["hidden"]
+        mm = lambda name, dt, shape: np.memmap(self.path / name, dt, mode, shape=shape)
+        return (mm("tokens.i32", np.int32, (n, w)), mm("greedy.i32", np.int32, (n, w)),
+                mm("taps.f16", np.float16, (n, w, k, d)))
+
+    def build(self, target: Qwen35, stream: np.ndarray, tap_ids, window: int, n_windows: int, seed: int,
+              batch: int = 32, deadline: float | None = None) -> int:
+        """Teacher-force the target over n_windows windows of the stream (random, non-overlapping); returns
+        the number of windows done (fewer when the wall-clock deadline comes first; a later call resumes)."""
+        starts = corpus_windows(stream, window, seed)[:n_windows]
+        want = {"windows": int(len(starts)), "window": int(window), "n_taps": len(tap_ids),
+                "hidden": int(target.cfg.hidden_size), "taps": list(map(int, tap_ids)), "seed": int(seed),
+                "stream_tokens": int(len(stream))}
+        if self.meta is None or any(self.meta.get(k) != v for k, v in want.items()):
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.meta = dict(want, done=0)
+            for name, dt, shape in (("tokens.i32", np.int32, (len(starts), window)),
+                                    ("greedy.i32", np.int32, (len(starts), window)),
+                                    ("taps.f16", np.float16, (len(starts), window, len(tap_ids),
+                                                              target.cfg.hidden_size))):
+                np.memmap(self.path / name, dt, "w+", shape=shape).flush()
+            self._write_meta()
+        toks_mm, greedy_mm, taps_mm = self.arrays("r+")
+        f = target_features_fn(target, tuple(tap_ids))
+        t0, i0 = time.time(), self.done
+        for i in range(self.done, len(starts), batch):
+            idx = starts[i:i + batch]
+            toks = np.stack([stream[s:s + window] for s in idx]).astype(np.int32)
+            pad = batch - len(toks)
+            taps, greedy = f(np.concatenate([toks, np.repeat(toks[:1], pad, 0)]) if pad else toks)
+            toks_mm[i:i + len(idx)] = toks
+            greedy_mm[i:i + len(idx)] = np.asarray(greedy)[:len(idx)]
+            taps_mm[i:i + len(idx)] = np.asarray(taps)[:len(idx)]
+            self.meta["done"] = i + len(idx)
+            if (i // batch) % 8 == 7 or self.done == len(starts):
+                for a in (toks_mm, greedy_mm, taps_mm):
+                    a.flush()
+                self._write_meta()
+                rate = (self.done - i0) * window / max(time.time() - t0, 1e-9)
+                log(f"features: {self.done}/{len(starts)} windows ({rate:.0f} tokens/s)")
+            if deadline is not None and time.time() > deadline:
+                break
+        for a in (toks_mm, greedy_mm, taps_mm):
+            a.flush()
+        self._write_meta()
+        return self.done
+
+    def _write_meta(self):
+        tmp = self.path / "meta.json.tmp"
+        tmp.write_text(json.dumps(self.meta))
+        os.replace(tmp, self.path / "meta.json")
+
+
+def block_labels(tokens, greedy, anchors, block: int, exact: bool = True):
+    """Self-distillation labels of teacher-forced blocks. tokens, greedy [b, t] (greedy[p]: the target's
+    argmax for position p + 1 given tokens[..p]), anchors [b, A] -> labels, valid [b, A, B-1].
+    Slot k (position anchor + k) is labelled greedy[anchor + k - 1]. That is exactly the target's own greedy
+    continuation from the anchor while the stream follows it, i.e. while tokens[anchor + j] ==
+    greedy[anchor + j - 1] for j < k; with `exact`, slots after the first disagreement are masked out
+    (their label would be the target's prediction after a token it would not have produced)."""
+    b, a = anchors.shape
+    pos = anchors[:, :, None] + jnp.arange(1, block)                           # [b, A, B-1]
+    flat = lambda x, q: jnp.take_along_axis(x, q.reshape(b, -1), 1).reshape(q.shape)
+    labels = flat(greedy, pos - 1)
+    if not exact:
+        return labels, jnp.ones(labels.shape, bool)
+    follows = flat(tokens, pos) == labels                                       # stream takes the greedy token
+    valid = jnp.concatenate([jnp.ones((b, a, 1), bool), jnp.cumprod(follows[..., :-1], -1).astype(bool)], -1)
+    return labels, valid
+
+
+def drafter_loss_cached(drafter_graphdef, gamma: float, exact: bool = True):
+    """The DFlash loss on precomputed target features (`FeatureCache`): frozen = {"embed", "lm_head"} (the
+    target's, shared by the drafter); batch {"tokens", "greedy": [b, t], "taps": [b, t, n_taps, D],
+    "anchors": [b, A]}. Labels and mask from `block_labels`; the weighted cross-entropy is normalised by the
+    total weight of the valid slots."""
+    def loss(params, frozen, batch):
+        drafter = nnx.merge(drafter_graphdef, params)
+        bs = drafter.cfg.block_size
+        logits = drafter_block_logits(drafter, batch["taps"], batch["tokens"], batch["anchors"],
+                                      frozen["embed"], frozen["lm_head"])
+        labels, valid = block_labels(batch["tokens"], batch["greedy"], batch["anchors"], bs, exact)
+        ce = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), labels[..., None], -1)[..., 0]   # [b, A, B-1]
+        w = jnp.asarray(loss_weights(bs, gamma)) * valid
+        return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1e-6)
+    return loss
+
+
+def cached_batches(cache: "FeatureCache", n_windows: int, batch: int, block: int, n_anchors: int, lo: int,
+                   seed: int):
+    """batch_at(step): `batch` of the cache's first n_windows windows, with n_anchors anchors >= lo each."""
+    toks, greedy, taps = cache.arrays()
+    w = toks.shape[1]
+
+    def at(step):
+        rng = np.random.default_rng([seed, step])
+        idx = np.sort(rng.integers(0, n_windows, batch))
+        return {"tokens": np.asarray(toks[idx]), "greedy": np.asarray(greedy[idx]), "taps": np.asarray(taps[idx]),
+                "anchors": sample_anchors(rng, batch, w, block, n_anchors, lo)}
+    return at
+
+
+def epochs_seen(steps: int, batch: int, n_anchors: int, n_sequences: int, anchor_positions: int) -> float:
+    """How many times the training blocks cover the data: steps * batch * anchors / (sequences * positions)."""
+    return steps * batch * n_anchors / max(n_sequences * anchor_positions, 1)
+
+
+def warn_epochs(name: str, epochs: float, limit: float) -> None:
+    if epochs > limit:
+        log(f"{name}: WARNING: the run covers each anchor position of the data {epochs:.0f} times (> {limit:g}); "
+            f"a drafter trained on so little data overfits (held-out acceptance collapses): use more data "
+            f"(--data corpus, more --sequences) or fewer steps")
+
+
 def trainable_drafter_params(drafter: Drafter):
     return nnx.split(drafter)
 
@@ -485,9 +647,15 @@ class PairSizes:
     gen_new: int = 192
     gen_n: int = 8192
     gen_batch: int = 512
-    # drafter training
+    # drafter training. data "corpus": the target teacher-forced over windows of the training stream
+    # (FeatureCache; labels = its own greedy predictions, see block_labels); "greedy": its greedy continuations
+    # of gen_n prompts (expensive to make, so few: the first H200 run overfit them, tau 1.15)
+    d_data: str = "corpus"
+    d_window: int = 256
+    d_windows: int = 0         # corpus windows to precompute (0: the whole stream)
     d_batch: int = 64
     d_anchors: int = 16
+    d_max_epochs: float = 20.0  # warn when the data is seen more often than this
     d_lr: float = 1e-3
     d_max_steps: int = 20000
     # evaluation
@@ -514,7 +682,7 @@ def tiny_sizes() -> PairSizes:
     return PairSizes(vocab=320, target=target_config(320, 32, 64, 4, 2, 1, 16, 2, 2, 8), draft_layers=1,
                      draft_heads=2, draft_kv=1, draft_head_dim=16, draft_ffn=64, block=8, taps=(0, 2),
                      t_seq=64, t_batch=8, t_lr=3e-3, t_max_steps=40, prompt_len=16, gen_new=40, gen_n=16,
-                     gen_batch=16, d_batch=8, d_anchors=4, d_lr=3e-3, d_max_steps=40, eval_prompts=2,
+                     gen_batch=16, d_window=48, d_windows=256, d_batch=8, d_anchors=4, d_lr=3e-3, d_max_steps=40, eval_prompts=2,
                      eval_new=24, budgets=(8, 16), tokenizer_chars=200_000)
 
 
@@ -663,32 +831,54 @@ def run_pair(args) -> int:
     target = load_target(tdir, dtype=args.eval_dtype)
     log(f"target: {tr.step} steps, loss {results['target']['final_loss']:.3f}; exported to {tdir}")
 
-    # 3. The target's greedy generations (the drafter's training data).
+    # 3. The drafter's training data.
+    data = args.drafter_data or s.d_data
+    dcfg = make_drafter_config(s, tcfg, mask_id, dtype="float32")
+    frozen_target = load_target(tdir, dtype="float32")
     t0 = time.time()
-    n_gen = s.gen_n
-    prompts = prompts_from(docs, n_gen, s.prompt_len, args.seed + 1)
-    seqs = []
-    for i in range(0, n_gen, s.gen_batch):
-        seqs.append(greedy_generate(target, prompts[i:i + s.gen_batch], s.gen_new, s.gen_batch))
-        if time.time() > at(0.47):
-            break
-    seqs = np.concatenate(seqs)
-    results["drafter_data"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len, "generated": s.gen_new,
-                               "seconds": time.time() - t0}
-    log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t0:.1f}s")
+    if data == "corpus":
+        cache = FeatureCache(work / "features")
+        n_win = len(stream) // s.d_window if not s.d_windows else min(s.d_windows, len(stream) // s.d_window)
+        done = cache.build(frozen_target, stream, tuple(s.taps), s.d_window, n_win, args.seed + 1,
+                           batch=s.gen_batch // 4 or 1, deadline=at(0.50))
+        positions = s.d_window - s.block - (s.prompt_len - 1) + 1
+        results["drafter_data"] = {"source": "corpus", "windows": done, "window": s.d_window,
+                                   "tokens": done * s.d_window, "labels": "target greedy (exact prefix)",
+                                   "seconds": time.time() - t0}
+        log(f"data: target features for {done} windows of {s.d_window} tokens in {time.time() - t0:.1f}s")
+    else:
+        prompts = prompts_from(docs, s.gen_n, s.prompt_len, args.seed + 1)
+        seqs = []
+        for i in range(0, s.gen_n, s.gen_batch):
+            seqs.append(greedy_generate(frozen_target, prompts[i:i + s.gen_batch], s.gen_new, s.gen_batch))
+            if time.time() > at(0.47):
+                break
+        seqs = np.concatenate(seqs)
+        done, positions = len(seqs), s.gen_new - s.block + 2
+        results["drafter_data"] = {"source": "greedy", "sequences": int(len(seqs)), "prompt_len": s.prompt_len,
+                                   "generated": s.gen_new, "seconds": time.time() - t0}
+        log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t0:.1f}s")
 
     # 4. Drafter.
-    dcfg = make_drafter_config(s, tcfg, mask_id, dtype="float32")
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
     dgraph, dparams = nnx.split(drafter)
-    frozen_graph, frozen = nnx.split(load_target(tdir, dtype="float32"))
-    dtr = Trainer(drafter_loss(dgraph, frozen_graph, default_gamma(s.block)), dparams, frozen,
-                  drafter_batches(seqs, s.prompt_len - 1, s.d_batch, s.block, s.d_anchors, args.seed + 3),
+    if data == "corpus":
+        loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
+        frozen = {"embed": frozen_target.embed_tokens[...], "lm_head": frozen_target.unembedding()}
+        batches = cached_batches(cache, done, s.d_batch, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3)
+    else:
+        frozen_graph, frozen = nnx.split(frozen_target)
+        loss_fn = drafter_loss(dgraph, frozen_graph, default_gamma(s.block))
+        batches = drafter_batches(seqs, s.prompt_len - 1, s.d_batch, s.block, s.d_anchors, args.seed + 3)
+    dtr = Trainer(loss_fn, dparams, frozen, batches,
                   steps=s.d_max_steps, opt=OptConfig(lr=s.d_lr, warmup=min(200, s.d_max_steps // 10)),
                   ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter")
     if not dtr.restore():
         dtr.steps = calibrate_steps(dtr, at(0.70) - time.time(), cap=s.d_max_steps)
         dtr.warmup = min(200, max(dtr.steps // 25, 1))
+    epochs = epochs_seen(dtr.steps, s.d_batch, s.d_anchors, done, positions)
+    warn_epochs("drafter", epochs, s.d_max_epochs)
+    results["drafter_data"]["epochs"] = epochs
     dtr.run(deadline=at(0.72))
     loss_curve_png(out / "drafter_loss.png", dtr.losses)
     if ddir.exists():
@@ -761,13 +951,25 @@ def run_drafter(args) -> int:
         p = Path(p)
         files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".txt", ".md")) if p.is_dir() else [p]
     docs = [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in files) if t]
-    prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
-    seqs = np.concatenate([greedy_generate(target, prompts[i:i + args.gen_batch], args.gen_new, args.gen_batch)
-                           for i in range(0, len(prompts), args.gen_batch)])
-    log(f"data: {len(seqs)} greedy continuations")
     n_layers = target.cfg.num_layers
     taps = tuple(args.taps) if args.taps else tuple(sorted({round(1 + i * (n_layers - 3) / max(args.n_taps - 1, 1))
                                                              for i in range(args.n_taps)}))
+    out = Path(args.out).absolute()
+    if args.data == "corpus":
+        eos = (target.cfg.eos_token_ids or (0,))[0]
+        stream = np.concatenate([np.concatenate([d, [eos]]) for d in docs]).astype(np.int32)
+        n_all = len(stream) // args.window
+        cache = FeatureCache(out / "features")
+        done = cache.build(target, stream, taps, args.window, min(args.windows or n_all, n_all), args.seed,
+                           batch=args.gen_batch)
+        positions = args.window - args.block - (args.prompt_len - 1) + 1
+        log(f"data: target features for {done} windows of {args.window} tokens ({done * args.window} tokens)")
+    else:
+        prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
+        seqs = np.concatenate([greedy_generate(target, prompts[i:i + args.gen_batch], args.gen_new, args.gen_batch)
+                               for i in range(0, len(prompts), args.gen_batch)])
+        done, positions = len(seqs), args.gen_new - args.block + 2
+        log(f"data: {len(seqs)} greedy continuations")
     dcfg = DrafterConfig(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.hidden_size,
                          intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
                          num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
@@ -775,16 +977,23 @@ def run_drafter(args) -> int:
                          block_size=args.block, dtype="float32")
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed))
     dgraph, dparams = nnx.split(drafter)
-    tgraph, tparams = nnx.split(target)
     gamma = args.gamma or default_gamma(args.block)
-    tr = Trainer(drafter_loss(dgraph, tgraph, gamma), dparams, tparams,
-                 drafter_batches(seqs, args.prompt_len - 1, args.batch, args.block, args.anchors, args.seed + 1),
+    if args.data == "corpus":
+        loss_fn = drafter_loss_cached(dgraph, gamma, exact=not args.stream_labels)
+        frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
+        batches = cached_batches(cache, done, args.batch, args.block, args.anchors, args.prompt_len - 1,
+                                 args.seed + 1)
+    else:
+        tgraph, frozen = nnx.split(target)
+        loss_fn = drafter_loss(dgraph, tgraph, gamma)
+        batches = drafter_batches(seqs, args.prompt_len - 1, args.batch, args.block, args.anchors, args.seed + 1)
+    warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, done, positions), args.max_epochs)
+    tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
-                 ckpt_dir=Path(args.out).absolute() / "ckpt", ckpt_every=args.ckpt_every, name="drafter")
+                 ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter")
     tr.restore()
     deadline = t_start + args.time_budget_s if args.time_budget_s else None
     tr.run(deadline=deadline)
-    out = Path(args.out)
     loss_curve_png(out / "drafter_loss.png", tr.losses)
     export_drafter(rebuild(Drafter, dcfg.replace(dtype=args.dtype), tr.params), out / "drafter",
                    num_target_layers=n_layers)
@@ -804,6 +1013,9 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--ckpt-every", type=int, default=500)
     a.add_argument("--eval-dtype", default="float32", choices=("float32", "bfloat16"))
+    a.add_argument("--drafter-data", choices=("corpus", "greedy"), default=None,
+                   help="drafter training data: the target teacher-forced over the corpus (default) or its greedy "
+                        "continuations of prompts")
     a.add_argument("--part-mb", type=int, default=15, help="size of each pair.tar part (default: %(default)s MiB)")
     a.set_defaults(func=run_pair)
     d = sub.add_parser("drafter", help="train a DFlash drafter for an existing target on its greedy generations")
@@ -820,6 +1032,15 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--taps", type=int, nargs="*", help="target layer ids to tap (default: uniform)")
     d.add_argument("--mask-token-id", type=int, required=True)
     d.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7 for B=16)")
+    d.add_argument("--data", choices=("corpus", "greedy"), default="corpus",
+                   help="corpus (default): the target teacher-forced over windows of the text, labels its own "
+                        "greedy predictions (features cached in OUT/features); greedy: its greedy continuations "
+                        "of --sequences prompts (slow to make, easy to overfit)")
+    d.add_argument("--window", type=int, default=256, help="corpus: window length (default: %(default)s)")
+    d.add_argument("--windows", type=int, default=0, help="corpus: windows to use (default: all of the text)")
+    d.add_argument("--stream-labels", action="store_true",
+                   help="corpus: keep block slots after the text leaves the target's greedy path (default: masked)")
+    d.add_argument("--max-epochs", type=float, default=20.0, help="warn above this many passes over the data")
     d.add_argument("--sequences", type=int, default=1024)
     d.add_argument("--prompt-len", type=int, default=64)
     d.add_argument("--gen-new", type=int, default=192)

@@ -141,6 +141,104 @@ def test_sample_anchors():
 
 
 # ------------------------------------------------------------------------------------------------
+# Teacher-forced corpus data (FeatureCache, block_labels, the cached loss)
+
+
+def test_block_labels_follow_the_greedy_path():
+    #            position: 0  1  2  3  4  5  6  7
+    tokens = jnp.asarray([[5, 6, 7, 8, 9, 10, 11, 12]], jnp.int32)
+    greedy = jnp.asarray([[6, 7, 3, 9, 10, 4, 12, 0]], jnp.int32)   # the target's next token after each position
+    labels, valid = train.block_labels(tokens, greedy, jnp.asarray([[0, 3]]), 4)
+    np.testing.assert_array_equal(labels, [[[6, 7, 3], [9, 10, 4]]])
+    # anchor 0: stream follows greedy at 1 and 2 -> all slots exact; anchor 3: follows at 4, 5 -> exact
+    np.testing.assert_array_equal(valid, [[[1, 1, 1], [1, 1, 1]]])
+    labels, valid = train.block_labels(tokens, greedy, jnp.asarray([[1, 2]]), 4)
+    np.testing.assert_array_equal(labels, [[[7, 3, 9], [3, 9, 10]]])
+    # anchor 1: tokens[3] = 8 != greedy[2] = 3, so slot 3 is masked; anchor 2: slot 1 only
+    np.testing.assert_array_equal(valid, [[[1, 1, 0], [1, 0, 0]]])
+    _, valid = train.block_labels(tokens, greedy, jnp.asarray([[1, 2]]), 4, exact=False)
+    assert bool(valid.all())
+
+
+def test_feature_cache_builds_resumes_and_matches_the_online_loss(tmp_path):
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4)
+    tg, tp = nnx.split(target)
+    dg, dp = nnx.split(drafter)
+    stream = np.random.default_rng(0).integers(2, 320, 200).astype(np.int32)
+    starts = train.corpus_windows(stream, 24, seed=3)
+    assert len(starts) == 8 and sorted(starts) == list(range(0, 192, 24))
+    cache = train.FeatureCache(tmp_path / "f")
+    assert cache.build(target, stream, (0, 2), 24, 6, seed=3, batch=4, deadline=0.0) == 4   # "interrupted"
+    cache = train.FeatureCache(tmp_path / "f")
+    assert cache.done == 4 and cache.build(target, stream, (0, 2), 24, 6, seed=3, batch=4) == 6
+    toks, greedy, taps = cache.arrays()
+    np.testing.assert_array_equal(toks, np.stack([stream[s:s + 24] for s in starts[:6]]))
+    logits, ref_taps, _, _ = target(jnp.asarray(toks), target.init_state(6, 24), chain(6, 24), taps=(0, 2))
+    np.testing.assert_array_equal(greedy, np.asarray(jnp.argmax(logits, -1)))
+    np.testing.assert_allclose(np.asarray(taps, np.float32), ref_taps, rtol=2e-3, atol=2e-3)
+    # With the greedy path equal to the stream, the cached loss is the online DFlash loss (fp16 taps aside).
+    anchors = jnp.asarray([[2, 9], [0, 11]], jnp.int32)
+    tok2 = jnp.asarray(toks[:2])
+    batch = {"tokens": tok2, "greedy": jnp.concatenate([tok2[:, 1:], tok2[:, :1]], 1), "taps": jnp.asarray(taps[:2]),
+             "anchors": anchors}
+    frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
+    cached = train.drafter_loss_cached(dg, 2.0)(dp, frozen, batch)
+    online = train.drafter_loss(dg, tg, 2.0)(dp, tp, {"tokens": tok2, "anchors": anchors})
+    np.testing.assert_allclose(float(cached), float(online), rtol=2e-3)
+    b = train.cached_batches(cache, 6, 3, 4, 2, 5, seed=0)
+    x, y = b(7), b(7)
+    assert x["taps"].shape == (3, 24, 2, 32) and x["taps"].dtype == np.float16 and (x["anchors"] >= 5).all()
+    assert all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def test_cached_loss_trains_and_epoch_guard_warns(tmp_path, capsys):
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4)
+    dg, dp = nnx.split(drafter)
+    stream = np.tile(np.arange(2, 30, dtype=np.int32), 10)
+    cache = train.FeatureCache(tmp_path / "f")
+    cache.build(target, stream, (0, 2), 24, 8, seed=0, batch=8)
+    frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
+    data = train.cached_batches(cache, 8, 4, 4, 3, 2, seed=0)
+    tr = train.Trainer(train.drafter_loss_cached(dg, 2.0), dp, frozen, lambda step: data(0), steps=30,
+                       opt=train.OptConfig(lr=1e-2, warmup=3), name="c", log_every=1000)
+    losses = tr.run()
+    assert losses[-1] < 0.9 * losses[0] and losses[-1] < min(losses[:10]), losses
+    e = train.epochs_seen(25, 4, 3, 8, 24 - 4 - 2 + 1)
+    assert e == pytest.approx(25 * 4 * 3 / (8 * 19))
+    train.warn_epochs("d", 300.0, 20.0)
+    train.warn_epochs("d", 0.5, 20.0)
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == 1 and "300 times" in err
+
+
+@pytest.mark.slow
+def test_drafter_subcommand_on_corpus_data(tmp_path):
+    """`python -m jaxspec.train drafter` end to end on a tiny exported target: corpus features cached, trained,
+    exported; a rerun reuses the cache."""
+    from convert.drafter import load_drafter
+    from jaxspec.export import export_target
+    texts = [f"def f{i}(x):\n    return x + {i}\n\n" * 20 for i in range(30)]
+    tok = train.train_tokenizer(texts, 320)
+    target = tiny_target()
+    export_target(target, tmp_path / "target")
+    train.save_tokenizer(tok, tmp_path / "target")
+    (tmp_path / "corpus").mkdir()
+    for i in range(0, 30, 10):
+        (tmp_path / "corpus" / f"m{i}.py").write_text("".join(texts[i:i + 10]))
+    args = ["drafter", "--target", str(tmp_path / "target"), "--text", str(tmp_path / "corpus"), "--out",
+            str(tmp_path / "out"), "--mask-token-id", "1", "--block", "4", "--layers", "1", "--heads", "2",
+            "--kv-heads", "1", "--head-dim", "16", "--n-taps", "2", "--window", "40", "--windows", "12",
+            "--prompt-len", "8", "--batch", "4", "--anchors", "3", "--steps", "4", "--gen-batch", "4",
+            "--dtype", "float32"]
+    assert train.main(args) == 0
+    meta = json.loads((tmp_path / "out" / "features" / "meta.json").read_text())
+    assert meta["done"] == meta["windows"] == 12 and meta["window"] == 40
+    d = load_drafter(tmp_path / "out" / "drafter", dtype="float32")
+    assert d.cfg.block_size == 4 and len(d.cfg.target_layer_ids) == 2
+    assert (tmp_path / "out" / "drafter_loss.png").is_file()
+
+
+# ------------------------------------------------------------------------------------------------
 # The loop
 
 
