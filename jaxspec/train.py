@@ -3,7 +3,7 @@
     python -m jaxspec.train pair --out DIR [--time-budget-s 480] [--tiny]
         corpus (the Python standard library's own .py source, some files held out) -> byte-level BPE
         tokenizer -> a small Qwen3.6-architecture target (GDN + gated attention) -> the drafter's data (the
-        target teacher-forced over the corpus, or with --drafter-data greedy its greedy generations) -> a
+        target teacher-forced over the corpus and its greedy generations, or either alone: --drafter-data) -> a
         DFlash drafter (block 16) -> HF export of both -> held-out evaluation (tau for DFlash and DDTree,
         token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.
     python -m jaxspec.train drafter --target DIR --text PATH... --out DIR [--data corpus|greedy]
@@ -527,6 +527,15 @@ def cached_batches(cache: "FeatureCache", n_windows: int, batch: int, block: int
     return at
 
 
+def mixed_batches(*batch_fns):
+    """batch_at(step) concatenating the batches of several batch_at functions (same keys and shapes but the
+    batch axis), e.g. corpus windows and greedy continuations in a fixed proportion."""
+    def at(step):
+        parts = [f(step) for f in batch_fns]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return at
+
+
 def epochs_seen(steps: int, batch: int, n_anchors: int, n_sequences: int, anchor_positions: int) -> float:
     """How many times the training blocks cover the data: steps * batch * anchors / (sequences * positions)."""
     return steps * batch * n_anchors / max(n_sequences * anchor_positions, 1)
@@ -649,8 +658,11 @@ class PairSizes:
     gen_batch: int = 512
     # drafter training. data "corpus": the target teacher-forced over windows of the training stream
     # (FeatureCache; labels = its own greedy predictions, see block_labels); "greedy": its greedy continuations
-    # of gen_n prompts (expensive to make, so few: the first H200 run overfit them, tau 1.15)
-    d_data: str = "corpus"
+    # of gen_n prompts alone (expensive to make, so few: the first H200 run overfit them, tau 1.15); "mixed"
+    # (default): both, their features cached, d_greedy_frac of each batch from the continuations (the CPU
+    # retraining of the demo drafter learned little from corpus data alone)
+    d_data: str = "mixed"
+    d_greedy_frac: float = 0.75  # mixed: the share of each batch from the greedy continuations
     d_window: int = 256
     d_windows: int = 0         # corpus windows to precompute (0: the whole stream)
     d_batch: int = 64
@@ -836,17 +848,19 @@ def run_pair(args) -> int:
     dcfg = make_drafter_config(s, tcfg, mask_id, dtype="float32")
     frozen_target = load_target(tdir, dtype="float32")
     t0 = time.time()
-    if data == "corpus":
+    results["drafter_data"] = {"source": data}
+    if data in ("corpus", "mixed"):
         cache = FeatureCache(work / "features")
-        n_win = len(stream) // s.d_window if not s.d_windows else min(s.d_windows, len(stream) // s.d_window)
-        done = cache.build(frozen_target, stream, tuple(s.taps), s.d_window, n_win, args.seed + 1,
-                           batch=s.gen_batch // 4 or 1, deadline=at(0.50))
-        positions = s.d_window - s.block - (s.prompt_len - 1) + 1
-        results["drafter_data"] = {"source": "corpus", "windows": done, "window": s.d_window,
-                                   "tokens": done * s.d_window, "labels": "target greedy (exact prefix)",
-                                   "seconds": time.time() - t0}
-        log(f"data: target features for {done} windows of {s.d_window} tokens in {time.time() - t0:.1f}s")
-    else:
+        win = s.prompt_len + s.gen_new if data == "mixed" else s.d_window   # mixed: one batch shape
+        n_win = len(stream) // win if not s.d_windows else min(s.d_windows, len(stream) // win)
+        done = cache.build(frozen_target, stream, tuple(s.taps), win, n_win, args.seed + 1,
+                           batch=s.gen_batch // 4 or 1, deadline=at(0.44 if data == "mixed" else 0.50))
+        positions = win - s.block - (s.prompt_len - 1) + 1
+        results["drafter_data"]["corpus"] = {"windows": done, "window": win, "tokens": done * win,
+                                             "labels": "target greedy, exact prefix", "seconds": time.time() - t0}
+        log(f"data: target features for {done} windows of {win} tokens in {time.time() - t0:.1f}s")
+    if data in ("greedy", "mixed"):
+        t1 = time.time()
         prompts = prompts_from(docs, s.gen_n, s.prompt_len, args.seed + 1)
         seqs = []
         for i in range(0, s.gen_n, s.gen_batch):
@@ -854,18 +868,32 @@ def run_pair(args) -> int:
             if time.time() > at(0.47):
                 break
         seqs = np.concatenate(seqs)
-        done, positions = len(seqs), s.gen_new - s.block + 2
-        results["drafter_data"] = {"source": "greedy", "sequences": int(len(seqs)), "prompt_len": s.prompt_len,
-                                   "generated": s.gen_new, "seconds": time.time() - t0}
-        log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t0:.1f}s")
+        results["drafter_data"]["greedy"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len,
+                                             "generated": s.gen_new, "seconds": time.time() - t1}
+        log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t1:.1f}s")
+        if data == "greedy":
+            done, positions = len(seqs), s.gen_new - s.block + 2
+        else:   # their features too, so that a step never runs the target
+            gcache = FeatureCache(work / "greedy_features")
+            n_seq = gcache.build(frozen_target, seqs.reshape(-1), tuple(s.taps), seqs.shape[1], len(seqs),
+                                 args.seed + 5, batch=s.gen_batch // 4 or 1)
+            g_positions = s.gen_new - s.block + 2
 
     # 4. Drafter.
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
     dgraph, dparams = nnx.split(drafter)
-    if data == "corpus":
+    if data in ("corpus", "mixed"):
         loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
         frozen = {"embed": frozen_target.embed_tokens[...], "lm_head": frozen_target.unembedding()}
-        batches = cached_batches(cache, done, s.d_batch, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3)
+        if data == "corpus":
+            batches = cached_batches(cache, done, s.d_batch, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3)
+        else:   # s.d_greedy_frac of each batch from the greedy continuations
+            ng = min(max(round(s.d_batch * s.d_greedy_frac), 1), s.d_batch - 1)
+            batches = mixed_batches(
+                cached_batches(cache, done, s.d_batch - ng, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3),
+                cached_batches(gcache, n_seq, ng, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 6))
+            epochs_at = lambda steps: max(epochs_seen(steps, s.d_batch - ng, s.d_anchors, done, positions),
+                                          epochs_seen(steps, ng, s.d_anchors, n_seq, g_positions))
     else:
         frozen_graph, frozen = nnx.split(frozen_target)
         loss_fn = drafter_loss(dgraph, frozen_graph, default_gamma(s.block))
@@ -876,7 +904,7 @@ def run_pair(args) -> int:
     if not dtr.restore():
         dtr.steps = calibrate_steps(dtr, at(0.70) - time.time(), cap=s.d_max_steps)
         dtr.warmup = min(200, max(dtr.steps // 25, 1))
-    epochs = epochs_seen(dtr.steps, s.d_batch, s.d_anchors, done, positions)
+    epochs = epochs_at(dtr.steps) if data == "mixed" else epochs_seen(dtr.steps, s.d_batch, s.d_anchors, done, positions)
     warn_epochs("drafter", epochs, s.d_max_epochs)
     results["drafter_data"]["epochs"] = epochs
     dtr.run(deadline=at(0.72))
@@ -1013,9 +1041,9 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--ckpt-every", type=int, default=500)
     a.add_argument("--eval-dtype", default="float32", choices=("float32", "bfloat16"))
-    a.add_argument("--drafter-data", choices=("corpus", "greedy"), default=None,
-                   help="drafter training data: the target teacher-forced over the corpus (default) or its greedy "
-                        "continuations of prompts")
+    a.add_argument("--drafter-data", choices=("mixed", "corpus", "greedy"), default=None,
+                   help="drafter training data: the target teacher-forced over the corpus, its greedy continuations "
+                        "of prompts, or both (mixed, the default)")
     a.add_argument("--part-mb", type=int, default=15, help="size of each pair.tar part (default: %(default)s MiB)")
     a.set_defaults(func=run_pair)
     d = sub.add_parser("drafter", help="train a DFlash drafter for an existing target on its greedy generations")

@@ -189,6 +189,8 @@ def test_feature_cache_builds_resumes_and_matches_the_online_loss(tmp_path):
     x, y = b(7), b(7)
     assert x["taps"].shape == (3, 24, 2, 32) and x["taps"].dtype == np.float16 and (x["anchors"] >= 5).all()
     assert all(np.array_equal(x[k], y[k]) for k in x)
+    m = train.mixed_batches(b, train.cached_batches(cache, 2, 1, 4, 2, 5, seed=1))(7)
+    assert m["tokens"].shape == (4, 24) and np.array_equal(m["tokens"][:3], x["tokens"])
 
 
 def test_cached_loss_trains_and_epoch_guard_warns(tmp_path, capsys):
