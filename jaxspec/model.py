@@ -15,6 +15,7 @@ from flax import nnx
 
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.tree import Tree, ancestor_at
+from pallas_kernels.tree_attention import api as attention_api
 from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
 from pallas_kernels.tree_delta_rule import resolve, state_at, tree_delta_rule
@@ -102,7 +103,7 @@ class Attention(nnx.Module):
         values = values.at[rows, slots].set(v.astype(values.dtype))
 
         # Visible: the committed prefix, and tree slots that are ancestors-or-self (pallas_kernels/tree_attention).
-        out = tree_attention(q, keys, values, start, tree.anc).reshape(b, n, cfg.num_heads * hd)
+        out = _tree_attention(q, keys, values, start, tree.anc).reshape(b, n, cfg.num_heads * hd)
         out = out * jax.nn.sigmoid(gate.reshape(b, n, -1)).astype(out.dtype)
         return self.o_proj(out.astype(x.dtype)), keys, values
 
@@ -178,6 +179,14 @@ def window_index(tree: Tree, distance: int, hist: int):
     """Index into concat(history[hist], nodes[N]) of each node's conv input `distance` steps up."""
     anc = ancestor_at(tree, distance)
     return jnp.where(anc >= 0, hist + anc, hist + tree.depth - distance)
+
+
+def _tree_attention(q, keys, values, start, anc):
+    """The Pallas kernel runs per shard (shard_map over batch and heads) under a mesh; the jnp reference is
+    partitioned by GSPMD like the rest of the model."""
+    if attention_api.resolve() != "reference":
+        return sharding.per_shard_attention(tree_attention, q, keys, values, start, anc)
+    return tree_attention(q, keys, values, start, anc)
 
 
 def _tree_delta_rule(q, k, v, g, beta, anc, s0):

@@ -280,15 +280,28 @@ def put_state(mesh: Mesh | None, make: Callable[[], Any]):
 # ------------------------------------------------------------------------------------------------ kernels
 
 
-def per_shard(fn, q, k, v, g, beta, anc, s0):
-    """The tree delta rule (q, k, v [B,N,H,D]; g, beta [B,N,H]; anc [B,N,N]; s0 [B,H,Dk,Dv]) run per shard
-    with shard_map over (data: batch, model: heads) when a mesh with those axes is set; else `fn` itself."""
+def _manual(fn, args, in_specs, out_specs):
+    """fn(*args) per shard with shard_map over (data, model) when a mesh with those axes is set; else fn(*args)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or DATA not in mesh.axis_names or MODEL not in mesh.axis_names or mesh.size == 1:
-        return fn(q, k, v, g, beta, anc, s0)
+        return fn(*args)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+
+
+def per_shard(fn, q, k, v, g, beta, anc, s0):
+    """The tree delta rule (q, k, v [B,N,H,D]; g, beta [B,N,H]; anc [B,N,N]; s0 [B,H,Dk,Dv]) run per shard
+    over (data: batch, model: heads)."""
     heads4, heads3 = P(DATA, None, MODEL, None), P(DATA, None, MODEL)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(heads4, heads4, heads4, heads3, heads3, P(DATA), P(DATA, MODEL)),
-                         out_specs=(heads4, heads4, heads3), check_vma=False)(q, k, v, g, beta, anc, s0)
+    return _manual(fn, (q, k, v, g, beta, anc, s0),
+                   (heads4, heads4, heads4, heads3, heads3, P(DATA), P(DATA, MODEL)), (heads4, heads4, heads3))
+
+
+def per_shard_attention(fn, q, keys, values, start, anc):
+    """Tree attention (q [B,N,H,hd]; keys, values [B,L,KV,hd]; start [B]; anc [B,N,N]) run per shard over
+    (data: batch, model: heads). A shard's query heads read exactly its own kv heads: both are split in
+    contiguous blocks, and kv heads are repeated at load when the degree exceeds them (tp_config)."""
+    heads = P(DATA, None, MODEL, None)
+    return _manual(fn, (q, keys, values, start, anc), (heads, heads, heads, P(DATA), P(DATA)), heads)
 
 
 # ------------------------------------------------------------------------------------------------ loading
