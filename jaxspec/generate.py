@@ -100,18 +100,14 @@ def main(argv=None) -> int:
         parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
     if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size):
         parser().error("--draft/--block-size only apply to --method dflash or ddtree")
-    if args.budget is not None and args.method != "ddtree":
-        parser().error("--budget only applies to --method ddtree")
-    if args.method == "ddtree" and args.budget is None:
-        args.budget = 64
-    if args.budget is not None and args.budget < 1:
-        parser().error(f"--budget must be >= 1, got {args.budget}")
-    if args.mtp_tokens is not None and args.method != "mtp":
-        parser().error("--mtp-tokens only applies to --method mtp")
-    if args.method == "mtp" and args.mtp_tokens is None:
-        args.mtp_tokens = 3
-    if args.mtp_tokens is not None and args.mtp_tokens < 1:
-        parser().error(f"--mtp-tokens must be >= 1, got {args.mtp_tokens}")
+    for flag, attr, method, default in (("--budget", "budget", "ddtree", 64), ("--mtp-tokens", "mtp_tokens", "mtp", 3)):
+        # A count that belongs to one method: refused elsewhere, defaulted there, at least 1.
+        if getattr(args, attr) is not None and args.method != method:
+            parser().error(f"{flag} only applies to --method {method}")
+        if args.method == method and getattr(args, attr) is None:
+            setattr(args, attr, default)
+        if getattr(args, attr) is not None and getattr(args, attr) < 1:
+            parser().error(f"{flag} must be >= 1, got {getattr(args, attr)}")
 
     if args.tp < 1 or args.dp < 1:
         parser().error(f"--tp and --dp must be >= 1, got {args.tp} and {args.dp}")
