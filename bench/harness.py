@@ -241,6 +241,35 @@ def random_state(cfg: TargetConfig, batch: int, max_len: int, length: int, seed:
                    ssm=tuple(rnd(1000 + i, x, 0.05) for i, x in enumerate(abstract.ssm)))
 
 
+def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4) -> dict:
+    """ms per round inside the engine's device loop (the compiled `Engine._run` that generate uses), from
+    `state` and `draft` (e.g. random_state at some committed length): no prefill. `out` has 8 slots (writes
+    past it are dropped, which costs the same as keeping them) and max_new is huge, so every round runs.
+    Two untimed calls first: under a mesh the second may recompile for the shardings the first returned."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    from jaxspec.engine import Decoding
+    n = eng.spec.tree_size
+    small = (jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32),
+             jnp.zeros((1,), bool), jax.random.key(0), jnp.zeros((1, n + 1), jnp.int32), jnp.zeros((1,), jnp.int32))
+    if eng.mesh is not None:
+        small = jax.device_put(small, NamedSharding(eng.mesh, PartitionSpec()))
+    d = Decoding(state, draft, *small)
+    big = 1 << 20
+    for _ in range(2):
+        d = eng._run(eng.params, d, big, rounds)
+    jax.block_until_ready(d)
+    per = []
+    for _ in range(repeats):
+        r0 = int(d.rounds[0])
+        t = time.perf_counter()
+        d = eng._run(eng.params, d, big, rounds)
+        jax.block_until_ready(d)
+        per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
+    hist = np.asarray(d.hist).sum(0)
+    return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=rounds,
+                tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
+
+
 def make_decode_step(graphdef, cfg: TargetConfig, batch: int):
     def decode_step(params, state, token):
         model = nnx.merge(graphdef, params)

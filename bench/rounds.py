@@ -36,7 +36,7 @@ from jaxspec import tree as trees
 from jaxspec.ddtree import build_tree
 from jaxspec.dflash import DFlash
 from jaxspec.drafter_config import DrafterConfig, qwen36_27b_dflash
-from jaxspec.engine import Decoding, Engine, accept
+from jaxspec.engine import Engine, accept
 from jaxspec.sampling import Sampling, choose
 
 
@@ -214,24 +214,7 @@ def main(argv=None):
             st = H.random_state(cfg, 1, max_len, ctx)
             if cache is None:
                 cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
-            n = eng.spec.tree_size
-            big = 1 << 20
-            d = Decoding(st, cache, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32),
-                         jnp.zeros((1,), bool), jax.random.key(0), jnp.zeros((1, n + 1), jnp.int32),
-                         jnp.zeros((1,), jnp.int32))
-            # out has 8 slots: writes past it are dropped, which costs the same as keeping them.
-            d = eng._run(eng.params, d, big, args.rounds)
-            jax.block_until_ready(d)
-            per = []
-            for _ in range(4):
-                r0 = int(d.rounds[0])
-                t = time.perf_counter()
-                d = eng._run(eng.params, d, big, args.rounds)
-                jax.block_until_ready(d)
-                per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
-            hist = np.asarray(d.hist).sum(0)
-            ph[name] = dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=args.rounds,
-                            tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
+            ph[name] = H.engine_rounds(eng, st, cache, args.rounds)
             log(f"{name} {ph[name]}")
             save()
 

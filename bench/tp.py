@@ -2,14 +2,19 @@
 
     PYTHONPATH=. python -m bench.tp --config real --tp 2 --out bench/results/tp2.json
 
-1. Random weights (bench.rounds random_params) for the target and the DFlash drafter on device 0; greedy
-   AR, DFlash and DDTree(B) from the same random prompt at TP = 1, then the same weights sharded TP = N
-   (jaxspec/sharding.py): the tokens must be identical (reported per method with the first divergence:
-   bf16 all-reduces sum in another order, so a near-tie on random weights could flip one).
+1. Identity: random weights (bench.rounds random_params) for the target and the DFlash drafter on device
+   0; greedy AR, DFlash and DDTree(B) from the same random prompt at TP = 1, then the same weights sharded
+   TP = N (jaxspec/sharding.py): the tokens must be identical. By default this model has the real widths
+   and head counts but --identity-layers layers, in --identity-dtype (float32, matmuls at full precision):
+   random bf16 weights give near-flat logits, and on them even TP = 1 AR and TP = 1 DFlash part ways
+   (bench/results/2026-11-29-h200x2-tp2-run1.json), since a 1-token and a 16-token forward round
+   differently; a tie broken another way is not a sharding bug. --identity-dtype bfloat16
+   --identity-layers 0 checks the full bf16 model all the same (first divergence reported).
 2. All-reduce cost: the round's all-reduces (two per target layer of [1, N, D] and one for the embedding,
    two per drafter layer of [1, block, D]) timed alone at those sizes and counts, per round.
-3. TP = N timings at each context (default 1K and 32K): AR step (= AR round), DFlash round, DDTree(B)
-   round (inside the engine's device loop, per round), verify(block) and verify(B + 1) back to back.
+3. TP = N timings of the full model in --dtype at each context (default 1K and 32K): AR step (= AR round),
+   DFlash round, DDTree(B) round (inside the engine's device loop from a random state, no prefill:
+   bench.harness.engine_rounds), verify(block) and verify(B + 1) back to back. --tp 1 gives the TP = 1 row.
 
 Optional phases are skipped past --deadline-s; the JSON (commit, machine, date) is rewritten after each.
 """
@@ -36,7 +41,7 @@ from jaxspec import sharding as S
 from jaxspec import tree as trees
 from jaxspec.dflash import DFlash
 from jaxspec.drafter_config import qwen36_27b_dflash
-from jaxspec.engine import Decoding, Engine
+from jaxspec.engine import Engine
 
 _T0 = time.perf_counter()
 
@@ -55,28 +60,6 @@ def first_divergence(a, b):
 def speculators(drafter, cfg, budget):
     return {"ar": None, "dflash": DFlash(drafter, cfg) if drafter else None,
             f"ddtree{budget}": DFlash(drafter, cfg, budget=budget) if drafter else None}
-
-
-def fresh(t: Decoding, state, draft):
-    """A Decoding with this state and drafter state, the rest reset from `t` (a Decoding the engine returned,
-    so that every array keeps the sharding the compiled round was compiled for)."""
-    return Decoding(state, draft, t.pending * 1, t.out * 0, t.n_out * 0 + 1, t.done & False,
-                    jax.random.fold_in(t.key, 1), t.hist * 0, t.rounds * 0)
-
-
-def time_rounds(eng: Engine, template: Decoding, make_state, make_draft, max_new, rounds, repeats=3):
-    """ms per round inside the engine's device loop (the same compiled _run as generate)."""
-    d = fresh(template, make_state(), make_draft())
-    d = eng._run(eng.params, d, max_new, rounds)
-    jax.block_until_ready(d)
-    per = []
-    for _ in range(repeats):
-        d = fresh(d, d.state, d.draft)
-        t = time.perf_counter()
-        d = eng._run(eng.params, d, max_new, rounds)
-        jax.block_until_ready(d)
-        per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]), 1))
-    return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=rounds)
 
 
 def allreduce_ms(mesh, shape, dtype, count, iters=5):
@@ -98,19 +81,63 @@ def allreduce_ms(mesh, shape, dtype, count, iters=5):
     return float(np.median(per))
 
 
+def identity_configs(cfg, dcfg, layers: int, dtype: str):
+    """The identity check's configs: the first `layers` target layers (0: all), the drafter's taps spread
+    over them, both in `dtype`."""
+    if layers:
+        if layers < dcfg.n_taps:
+            raise SystemExit(f"--identity-layers {layers}: the drafter taps {dcfg.n_taps} target layers")
+        cfg = cfg.replace(layer_types=cfg.layer_types[:layers])
+        n = dcfg.n_taps
+        dcfg = dcfg.replace(target_layer_ids=tuple(round(i * (layers - 1) / max(n - 1, 1)) for i in range(n)))
+    return cfg.replace(dtype=dtype), dcfg.replace(dtype=dtype)
+
+
+def check_identity(cfg, dcfg, mesh, args, res, save):
+    """Greedy AR / DFlash / DDTree at TP = 1 on device 0, then the same weights sharded on `mesh`."""
+    tp = S.tp_degree(mesh)
+    with jax.default_device(jax.devices()[0]):
+        model = R.random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
+        drafter = R.random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
+    jax.block_until_ready((nnx.state(model), nnx.state(drafter)))
+    prompt = np.random.RandomState(0).randint(0, cfg.vocab_size, args.prompt).tolist()
+    max_len = args.prompt + args.new + args.budget + 64
+    ref = {}
+    for name, spec in speculators(drafter, cfg, args.budget).items():
+        t = time.perf_counter()
+        out = Engine(model, spec).generate([prompt], args.new, max_len=max_len, rounds_per_call=args.rounds)
+        ref[name] = out.tokens[0]
+        log(f"identity TP=1 {name}: {len(ref[name])} tokens, tau {out.tau:.2f} ({time.perf_counter() - t:.1f}s)")
+    smodel, sdrafter = S.shard_target(model, mesh), S.shard_drafter(drafter, mesh)
+    del model, drafter
+    for name, spec in speculators(sdrafter, smodel.cfg, args.budget).items():
+        t = time.perf_counter()
+        out = Engine(smodel, spec, mesh=mesh).generate([prompt], args.new, max_len=max_len,
+                                                        rounds_per_call=args.rounds)
+        div = first_divergence(ref[name], out.tokens[0])
+        res["identity"][name] = dict(identical=div is None, first_divergence=div, tau=out.tau,
+                                     tokens_tp1=ref[name], tokens_tp_n=out.tokens[0])
+        log(f"identity TP={tp} {name}: identical={div is None} ({time.perf_counter() - t:.1f}s)")
+        save()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.tp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="dtype of the timed model")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel degree to compare with TP = 1 and time")
     ap.add_argument("--contexts", default="1024,32768", help="committed tokens for the timings")
     ap.add_argument("--budget", type=int, default=64, help="DDTree budget")
     ap.add_argument("--prompt", type=int, default=64, help="random prompt tokens for the identity check")
     ap.add_argument("--new", type=int, default=32, help="greedy tokens generated per method for the check")
-    ap.add_argument("--rounds", type=int, default=8, help="rounds per device-loop call in the timings")
+    ap.add_argument("--identity-layers", type=int, default=0,
+                    help="target layers of the identity check's model (0: all; real widths either way)")
+    ap.add_argument("--identity-dtype", default="float32", choices=("bfloat16", "float32"),
+                    help="dtype of the identity check's model (float32 runs its matmuls at full precision)")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds per device-loop call")
     ap.add_argument("--k", type=int, default=10, help="back-to-back calls per verify timing")
-    ap.add_argument("--skip-tp1", action="store_true", help="no TP = 1 identity check (timings only)")
+    ap.add_argument("--skip-identity", action="store_true", help="timings only")
     ap.add_argument("--deadline-s", type=float, default=420, help="skip optional phases after this many seconds")
     ap.add_argument("--out", default=None, help="JSON result path (rewritten after each phase)")
     args = ap.parse_args(argv)
@@ -123,6 +150,7 @@ def main(argv=None):
             R.tiny_drafter(cfg).replace(num_heads=4, num_kv_heads=2, dtype=args.dtype))
     contexts = [int(c) for c in args.contexts.split(",") if c]
     res = dict(kind="tp", config=args.config, tp=args.tp, contexts=contexts, budget=args.budget,
+               identity_layers=args.identity_layers or cfg.num_layers, identity_dtype=args.identity_dtype,
                git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(), identity={}, timings={},
                allreduce={}, skipped=[])
@@ -144,47 +172,16 @@ def main(argv=None):
     S.check_target(cfg, args.tp)
     S.check_drafter(dcfg, args.tp)
     log(f"devices {jax.devices()}; mesh {dict(mesh.shape)}")
-    dev0 = jax.devices()[0]
-    with jax.default_device(dev0):
-        model = R.random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
-        drafter = R.random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
-    jax.block_until_ready((nnx.state(model), nnx.state(drafter)))
-    log("random weights made")
-    bs = dcfg.block_size
-    ctx_max = max(contexts)
-    max_len_small = max(contexts[0], args.prompt) + 64 * args.rounds * 4 + args.new + args.budget + 64
-    prompt = np.random.RandomState(0).randint(0, cfg.vocab_size, args.prompt).tolist()
 
-    # 1. identity TP = 1 vs TP = N (the engines at max_len_small are reused for the first context's timings)
-    ref = {}
-    if not args.skip_tp1:
-        for name, spec in speculators(drafter, cfg, args.budget).items():
-            t = time.perf_counter()
-            out = Engine(model, spec).generate([prompt], args.new, max_len=max_len_small, rounds_per_call=args.rounds)
-            ref[name] = out.tokens[0]
-            log(f"TP=1 {name}: {len(ref[name])} tokens, tau {out.tau:.2f} ({time.perf_counter() - t:.1f}s)")
-    t = time.perf_counter()
-    smodel, sdrafter = S.shard_target(model, mesh), S.shard_drafter(drafter, mesh)
-    jax.block_until_ready((nnx.state(smodel), nnx.state(sdrafter)))
-    del model, drafter
-    log(f"sharded TP={args.tp} in {time.perf_counter() - t:.1f}s")
-    scfg, sdcfg = smodel.cfg, sdrafter.cfg
-    engines, finals = {}, {}
-    for name, spec in speculators(sdrafter, scfg, args.budget).items():
-        t = time.perf_counter()
-        eng = engines[name] = Engine(smodel, spec, mesh=mesh)
-        out = eng.generate([prompt], args.new, max_len=max_len_small, rounds_per_call=args.rounds)
-        got = out.tokens[0]
-        finals[name] = out.final
-        entry = dict(tokens_tp_n=got, tau=out.tau)
-        if name in ref:
-            div = first_divergence(ref[name], got)
-            entry.update(identical=div is None, first_divergence=div, tokens_tp1=ref[name])
-        res["identity"][name] = entry
-        log(f"TP={args.tp} {name}: identical={entry.get('identical')} ({time.perf_counter() - t:.1f}s)")
-        save()
+    # 1. identity TP = 1 vs TP = N
+    if not args.skip_identity:
+        icfg, idcfg = identity_configs(cfg, dcfg, args.identity_layers, args.identity_dtype)
+        precision = "highest" if args.identity_dtype == "float32" else None
+        with jax.default_matmul_precision(precision):
+            check_identity(icfg, idcfg, mesh, args, res, save)
 
     # 2. all-reduces per round at the round's sizes
+    bs = dcfg.block_size
     if not late("allreduce"):
         d, nl, nd = cfg.hidden_size, cfg.num_layers, dcfg.num_layers
         dt = jnp.dtype(cfg.dtype)
@@ -198,39 +195,47 @@ def main(argv=None):
                                                "are per shard, no all-reduce)")
             log(f"allreduce {name}: {ms:.3f} ms per round")
         save()
-    # 3. timings (the first context reuses the engines compiled above)
-    def state_at(length, max_len):
-        return lambda: S.put_state(mesh, lambda: H.random_state(scfg, 1, max_len, length))
 
-    def cache_at(spec, length, max_len):
-        if spec is None:
-            return lambda: ()
-        return lambda: S.put_state(mesh, lambda: R.random_cache(sdcfg, 1, max_len, length))
-
+    # 3. timings of the full model, sharded, from random states (no prefill)
+    t = time.perf_counter()
+    with jax.default_device(jax.devices()[0]):
+        model = R.random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
+        drafter = R.random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
+    smodel, sdrafter = S.shard_target(model, mesh), S.shard_drafter(drafter, mesh)
+    del model, drafter
+    jax.block_until_ready((nnx.state(smodel), nnx.state(sdrafter)))
+    log(f"timed model made and sharded TP={args.tp} in {time.perf_counter() - t:.1f}s")
+    scfg, sdcfg = smodel.cfg, sdrafter.cfg
     fwd = jax.jit(lambda p, t, s, tr: nnx.merge(nnx.graphdef(smodel), p)(t, s, tr, taps=sdcfg.target_layer_ids)[0])
     params = nnx.state(smodel)
     tree = jnp.zeros((1, args.budget + 1), jnp.int32)
     parent = np.concatenate([[-1], np.arange(args.budget) // 4])       # a bushy tree of B + 1 nodes
     tr_tree = trees.from_parents(jnp.asarray(parent[None], jnp.int32))
-    for ci, ctx in enumerate(contexts):
-        max_len = max_len_small if ci == 0 else ctx + 64 * args.rounds * 4 + args.budget + 64
+    # One cache length for every context, so that each function compiles once. The reference attention
+    # reads the whole cache whatever the length: at 1K with a 34K cache that is 1 GB of K/V more per step
+    # over all GPUs (16 layers x 34K x 4 kv heads x 256 x 2 x 2 bytes), ~0.25 ms of one H200.
+    max_len = max(contexts) + 64 * args.rounds * 4 + args.budget + 64
+    res["max_len"] = max_len
+    engines = {name: Engine(smodel, spec, mesh=mesh) for name, spec in speculators(sdrafter, scfg, args.budget).items()}
+    for ctx in contexts:
+        state_at = lambda: S.put_state(mesh, lambda: H.random_state(scfg, 1, max_len, ctx))
         ph = res["timings"][str(ctx)] = {}
         for name, eng in engines.items():
             if late(f"{name}_round@{ctx}"):
                 continue
-            if ci > 0:
-                eng = Engine(smodel, eng.spec if name != "ar" else None, mesh=mesh)
-            ph[f"{name}_round"] = time_rounds(eng, finals[name], state_at(ctx, max_len), cache_at(eng.spec if name != "ar" else None,
-                                                                                    ctx, max_len),
-                                              args.new, args.rounds)
-            log(f"{ctx}: {name}_round {ph[f'{name}_round']}")
+            cache = () if name == "ar" else S.put_state(
+                mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
+            t = time.perf_counter()
+            ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache, args.rounds)
+            del cache
+            log(f"{ctx}: {name}_round {ph[f'{name}_round']} ({time.perf_counter() - t:.0f}s with any compile)")
             save()
         for label, toks, tr in ((f"verify{bs}", jnp.ones((1, bs), jnp.int32), trees.chain(1, bs)),
                                 (f"verify{args.budget + 1}", tree, tr_tree)):
             if late(f"{label}@{ctx}"):
                 continue
             with jax.set_mesh(mesh):
-                ph[label] = R.back_to_back(fwd, (params, toks, state_at(ctx, max_len)(), tr), args.k)
+                ph[label] = R.back_to_back(fwd, (params, toks, state_at(), tr), args.k)
             log(f"{ctx}: {label} {ph[label]}")
             save()
 

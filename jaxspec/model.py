@@ -248,7 +248,8 @@ class State:
 
     @property
     def max_len(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
+        """Tokens the KV cache holds; a model without full-attention layers has no limit (int32 max)."""
+        return self.keys[0].shape[1] if self.keys else 2**31 - 1
 
 
 @jax.tree_util.register_dataclass

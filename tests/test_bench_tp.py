@@ -12,7 +12,8 @@ from bench import tp
 def test_bench_tp_tiny(tmp_path):
     out = tmp_path / "tp.json"
     rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "4", "--contexts", "48,96", "--budget", "8",
-                  "--prompt", "20", "--new", "12", "--rounds", "4", "--k", "2", "--out", str(out)])
+                  "--prompt", "20", "--new", "12", "--rounds", "4", "--k", "2", "--identity-layers", "2",
+                  "--out", str(out)])
     res = json.loads(out.read_text())
     assert rc == 0
     assert set(res["identity"]) == {"ar", "dflash", "ddtree8"}
@@ -21,4 +22,4 @@ def test_bench_tp_tiny(tmp_path):
         assert set(res["timings"][ctx]) == {"ar_round", "dflash_round", "ddtree8_round", "verify16", "verify9"}
     assert res["allreduce"]["ar_round"]["ms_per_round"] > 0
     assert res["git"]["commit"] and res["machine"]["device_count"] == 8 and res["date"]
-    assert res["skipped"] == []
+    assert res["skipped"] == [] and res["identity_layers"] == 2 and res["identity_dtype"] == "float32"

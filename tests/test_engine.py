@@ -43,6 +43,20 @@ def test_greedy_matches_transformers_and_batch_matches_single(tiny):
     assert batch.tau == 1.0
 
 
+@pytest.mark.parametrize("layer_types", [["linear_attention"] * 2, ["full_attention"] * 2])
+def test_models_of_one_layer_type(tmp_path, layer_types):
+    """No full-attention layer means no KV cache and no length limit: generation still runs to max_new."""
+    from conftest import make_causal_lm
+    hf = make_causal_lm(tmp_path, num_hidden_layers=2, layer_types=layer_types)
+    prompt = _prompts()[1]
+    got = Engine(load_target(tmp_path, dtype="float32")).generate([prompt], 12, rounds_per_call=4).tokens[0]
+    want = list(prompt)   # transformers' cache cannot generate without an attention layer: full forwards
+    with torch.no_grad():
+        for _ in range(12):
+            want.append(int(hf(torch.tensor([want]), use_cache=False).logits[0, -1].argmax()))
+    assert got == want[len(prompt):]
+
+
 def test_stop_tokens_and_max_new_tokens(tiny):
     _, model = tiny
     prompts = _prompts()
