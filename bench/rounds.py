@@ -7,8 +7,9 @@ device (`bench.harness.build_params`).
     python -m bench.rounds --config real --context 1024,32768,131072 --rounds-only --out r.json
 
 Several contexts share one cache length (the largest), so every function compiles once and each context
-only changes the committed length. The reference attention reads the whole cache whatever the length:
-set JAXSPEC_TREE_ATTENTION=pallas_triton to read only the committed prefix and the tree.
+only changes the committed length. The reference attention reads the whole cache whatever the length;
+the tree-attention kernel (the GPU default; JAXSPEC_TREE_ATTENTION=reference for the reference) reads only
+the committed prefix and the tree.
 
 Phase timings are back to back (K calls issued, then one sync; per call = total / K), which is how
 they run inside the engine's device loop; rounds run inside the engine's own `while_loop`.

@@ -50,7 +50,7 @@ def log_probs(logits, s: Sampling):
 def choose(key, logits, s: Sampling):
     """The target's own choice at every position: argmax, or one independent sample each. [...]
     Greedy and temperature-only sampling go through the verify op (pallas_kernels/verify, dispatched by
-    JAXSPEC_VERIFY; its default is this function's jnp math); top-k / top-p stay here."""
+    JAXSPEC_VERIFY: the kernel on one GPU, this module's jnp math elsewhere); top-k / top-p stay here."""
     if s.greedy:
         return target_choice(key, logits, 0.0)
     if s.top_k == 0 and s.top_p == 1.0:

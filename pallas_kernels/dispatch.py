@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 
 def resolve(env_var: str, implementations: tuple[str, ...], default: str, implementation: str | None = None) -> str:
     name = implementation or os.environ.get(env_var) or None
@@ -15,3 +17,14 @@ def resolve(env_var: str, implementations: tuple[str, ...], default: str, implem
         source = "implementation" if implementation else env_var
         raise ValueError(f"{source}={name!r}: expected one of {', '.join(implementations)}")
     return name
+
+
+def on_gpu() -> bool:
+    """Whether the default backend is a GPU (where the Triton-lowered kernels are the default)."""
+    return jax.default_backend() == "gpu"
+
+
+def mesh_size() -> int:
+    """Devices of the mesh being traced under (jax.set_mesh); 1 without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else int(mesh.size)

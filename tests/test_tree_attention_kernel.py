@@ -116,7 +116,7 @@ def test_dispatch(monkeypatch, seed):
     monkeypatch.delenv(api.ENV_VAR, raising=False)
     assert api.resolve() == "reference"
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve() == "reference"                 # opt-in until the GPU tests pass on the H200
+    assert api.resolve() == "pallas_triton"             # the kernel is the default on GPU
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     assert api.resolve() == "pallas_interpret"
     assert api.resolve("reference") == "reference"      # the argument wins over the environment

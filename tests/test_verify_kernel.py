@@ -87,7 +87,10 @@ def test_dispatch(monkeypatch, seed):
     monkeypatch.delenv(api.ENV_VAR, raising=False)
     assert api.resolve() == "reference"
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve() == "reference"                    # opt-in until the GPU tests pass
+    assert api.resolve() == "pallas_triton"                # the kernel is the default on one GPU
+    mesh = jax.make_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
+    with jax.set_mesh(mesh):
+        assert api.resolve() == "reference"                # logits sharded: XLA partitions argmax
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     assert api.resolve() == "pallas_interpret" and api.resolve("xla") == "xla"
     monkeypatch.setenv(api.ENV_VAR, "triton")

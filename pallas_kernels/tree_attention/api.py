@@ -2,13 +2,14 @@
 
 | implementation     | what                                                         | where by default |
 | ------------------ | ------------------------------------------------------------ | ---------------- |
-| "pallas_triton"    | the flash-decoding Pallas kernel, Triton lowering            | never (yet)      |
-| "reference"        | jnp over the whole cache (reference.py): the spec            | everywhere       |
+| "pallas_triton"    | the flash-decoding Pallas kernel, Triton lowering            | on GPU           |
+| "reference"        | jnp over the whole cache (reference.py): the spec            | elsewhere        |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter                 | never (tests)    |
 
 An explicit `implementation=` wins; else the environment variable JAXSPEC_TREE_ATTENTION (read when the
-caller is traced, so it reaches jaxspec/model.py, which passes no argument); else "reference". The
-kernel stays opt-in until its GPU tests have passed on the H200. Shapes the kernel does not take
+caller is traced, so it reaches jaxspec/model.py, which passes no argument); else the kernel on GPU
+(its 16 GPU tests passed on the H200: bench/results/2026-11-29-h200x2-kernel-gpu-tests.log) and the
+reference elsewhere. Under a tensor-parallel mesh it runs per shard (jaxspec/sharding.py). Shapes the kernel does not take
 (head_dim not a power of two >= 16, a cache shorter than 16 slots) run the reference.
 """
 
@@ -23,7 +24,8 @@ IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
 
 def resolve(implementation: str | None = None) -> str:
     """The implementation that `tree_attention` runs."""
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
+    default = "pallas_triton" if dispatch.on_gpu() else "reference"
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
 
 
 def tree_attention(q, keys, values, start, anc, *, implementation: str | None = None):

@@ -2,16 +2,19 @@
 
 | implementation     | what                                                               | default      |
 | ------------------ | ------------------------------------------------------------------ | ------------ |
-| "reference"        | jnp.argmax / jax.random.categorical (reference.target_choice)      | everywhere   |
+| "reference"        | jnp.argmax / jax.random.categorical (reference.target_choice)      | elsewhere    |
 | "xla"              | the kernel's hash Gumbel-max in jnp (reference.gumbel_choice)       | never        |
-| "pallas_triton"    | one pass over the logits, Triton lowering (pallas_triton.py)       | never (yet)  |
+| "pallas_triton"    | one pass over the logits, Triton lowering (pallas_triton.py)       | on one GPU   |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter                       | never (tests)|
 
 Greedy gives the same tokens whatever the implementation (argmax, lowest index on ties). Sampling at a
 temperature draws from the same distribution, softmax(logits / T), but from different random bits:
-"reference" keeps the tokens jaxspec produced before this op existed, and stays the default until the
-kernel's GPU tests pass on the H200. An explicit `implementation=` wins; else the environment variable
-JAXSPEC_VERIFY (read when the caller is traced); else "reference".
+"reference" keeps the tokens jaxspec produced before this op existed. An explicit `implementation=`
+wins; else the environment variable JAXSPEC_VERIFY (read when the caller is traced); else the kernel on
+one GPU (its 12 GPU tests passed on the H200: bench/results/2026-11-29-h200x2-kernel-gpu-tests.log);
+"reference" under a mesh of several devices, where the logits are sharded (vocabulary over "model",
+rows over "data") and XLA partitions argmax / categorical itself (the kernel is not run per shard yet:
+it would need a combine across vocabulary shards), and "reference" off the GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ IMPLEMENTATIONS = ("reference", "xla", "pallas_triton", "pallas_interpret")
 
 def resolve(implementation: str | None = None) -> str:
     """The implementation that `target_choice` runs."""
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
+    default = "pallas_triton" if dispatch.on_gpu() and dispatch.mesh_size() == 1 else "reference"
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
 
 
 def target_choice(key, logits, temperature: float, *, implementation: str | None = None):
