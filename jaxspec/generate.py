@@ -111,8 +111,6 @@ def main(argv=None) -> int:
 
     if args.tp < 1 or args.dp < 1:
         parser().error(f"--tp and --dp must be >= 1, got {args.tp} and {args.dp}")
-    if args.method == "mtp" and args.tp * args.dp > 1:
-        parser().error("--method mtp does not run tensor/data parallel yet (--tp/--dp must be 1)")
     if compare and args.tp * args.dp > 1:
         parser().error("the demo comparison runs on one device; pass --method with --tp/--dp")
 
@@ -186,14 +184,18 @@ def main(argv=None) -> int:
     if args.method == "mtp":
         from jaxspec.mtp import MTP, MTPHead
         if args.model is None:  # the random model gets a random head, so that the path runs out of the box
-            head = MTPHead(model.cfg, rngs=nnx.Rngs(args.seed + 1))
+            head = MTPHead(cfg, rngs=nnx.Rngs(args.seed + 1))
         else:
             from convert.hf import CheckpointError
             from convert.mtp import load_mtp
+            from jaxspec.config import load_target_config
             try:
-                head = load_mtp(args.model, model.cfg, dtype=str(model.cfg.dtype))
+                # the checkpoint's own (unsharded) shapes; the head is then laid out like the target
+                head = load_mtp(args.model, load_target_config(args.model, dtype=str(model.cfg.dtype)))
             except CheckpointError as e:
                 parser().error(f"--method mtp needs the checkpoint's MTP head: --model {args.model}: {e}")
+        if mesh is not None:
+            head = sharding.shard_mtp(head, mesh)
         speculator = MTP(head, model.cfg, args.mtp_tokens)
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)

@@ -7,7 +7,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.verify import target_choice
+from jaxspec import sharding
+from pallas_kernels.verify import api as verify_api
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +51,20 @@ def log_probs(logits, s: Sampling):
 def choose(key, logits, s: Sampling):
     """The target's own choice at every position: argmax, or one independent sample each. [...]
     Greedy and temperature-only sampling go through the verify op (pallas_kernels/verify, dispatched by
-    JAXSPEC_VERIFY: the kernel on one GPU, this module's jnp math elsewhere); top-k / top-p stay here."""
+    JAXSPEC_VERIFY: the kernel on GPU, this module's jnp math elsewhere; per vocabulary shard under a
+    tensor-parallel mesh); top-k / top-p stay here."""
     if s.greedy:
         return target_choice(key, logits, 0.0)
     if s.top_k == 0 and s.top_p == 1.0:
         return target_choice(key, logits, s.temperature)
     return jax.random.categorical(key, log_probs(logits, s), -1).astype(jnp.int32)
+
+
+def target_choice(key, logits, temperature: float):
+    """The verify op; with a per-slice implementation under a mesh, run per shard (sharding.vocab_choice)."""
+    if verify_api.resolve() != "reference":
+        partial = lambda rows, row0, col0: verify_api.choice_partial(key, rows, temperature, row0, col0)
+        out = sharding.vocab_choice(partial, logits)
+        if out is not None:
+            return out
+    return verify_api.target_choice(key, logits, temperature)

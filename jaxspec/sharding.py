@@ -46,7 +46,7 @@ RULES: dict[str, str | None] = {
 }
 
 # Weights: (module, leaf) -> logical axes of the leaf. Anything not listed is replicated (norms, the
-# drafter's fc, the MTP head).
+# drafter's fc, the MTP head's fc). The MTP head's decoder layer shards like the target's.
 PARAM_AXES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("embed_tokens", ""): ("vocab", "embed"),
     ("lm_head", "kernel"): ("embed", "vocab"),
@@ -75,10 +75,6 @@ STATE_AXES: dict[str, tuple[str | None, ...]] = {
     "conv": ("batch", "window", "gdn"),
     "ssm": ("batch", "gdn", "head_dim", "head_dim"),
 }
-
-# Modules whose weights are not (yet) in PARAM_AXES' layout when sharded: the MTP head.
-_MTP_PREFIXES = ("mtp",)
-
 
 def spec(axes) -> P:
     return P(*(RULES[a] if a else None for a in axes))
@@ -245,6 +241,15 @@ def shard_drafter(drafter, mesh: Mesh):
     return shard_module(drafter, mesh, lambda c: Drafter(c, rngs=nnx.Rngs(0)))
 
 
+def shard_mtp(head, mesh: Mesh):
+    """The MTP head (jaxspec.mtp.MTPHead) in the tp layout of `mesh`: its decoder layer split like the
+    target's (heads, kv heads repeated past their count, MLP), its fc and norms replicated."""
+    from flax import nnx
+    from jaxspec.mtp import MTPHead
+    check_target(head.cfg, tp_degree(mesh))
+    return shard_module(head, mesh, lambda c: MTPHead(c, rngs=nnx.Rngs(0)))
+
+
 # ------------------------------------------------------------------------------------------------ state
 
 
@@ -294,6 +299,34 @@ def per_shard(fn, q, k, v, g, beta, anc, s0):
     heads4, heads3 = P(DATA, None, MODEL, None), P(DATA, None, MODEL)
     return _manual(fn, (q, k, v, g, beta, anc, s0),
                    (heads4, heads4, heads4, heads3, heads3, P(DATA), P(DATA, MODEL)), (heads4, heads4, heads3))
+
+
+def vocab_choice(partial, x):
+    """The verify op's choice per row of logits x [B, ..., V] sharded as (data, ..., model) on the mesh
+    being traced under, run per shard: `partial(rows [R, V / tp], row0, col0)` gives each row's best
+    (value, global column) in that shard (pallas_kernels/verify/api.choice_partial); the tp bests are
+    gathered in column order and the first best wins, as argmax over the whole row does. None without
+    such a mesh or when the vocabulary does not split evenly."""
+    from pallas_kernels.verify.pallas_triton import NONE, combine
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or MODEL not in mesh.axis_names or MODEL in mesh.manual_axes:
+        return None
+    tp, v = mesh.shape[MODEL], x.shape[-1]
+    if v % tp:
+        return None
+    batch = DATA if DATA in mesh.axis_names and x.shape[0] % mesh.shape[DATA] == 0 else None
+    lead = (batch,) + (None,) * (x.ndim - 2)
+
+    def local(xs):
+        rows = xs.reshape(-1, xs.shape[-1])
+        row0 = jax.lax.axis_index(batch) * rows.shape[0] if batch else 0
+        val, idx = partial(rows, row0, jax.lax.axis_index(MODEL) * xs.shape[-1])
+        val = jax.lax.all_gather(val, MODEL, axis=1)                       # [R, tp], shards in column order
+        idx = jax.lax.all_gather(idx, MODEL, axis=1)
+        _, best = combine(val, idx)
+        return jnp.where(best == NONE, 0, best).reshape(xs.shape[:-1])
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(*lead, MODEL), out_specs=P(*lead), check_vma=False)(x)
 
 
 def per_shard_attention(fn, q, keys, values, start, anc):

@@ -23,8 +23,3 @@ def on_gpu() -> bool:
     """Whether the default backend is a GPU (where the Triton-lowered kernels are the default)."""
     return jax.default_backend() == "gpu"
 
-
-def mesh_size() -> int:
-    """Devices of the mesh being traced under (jax.set_mesh); 1 without one."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return 1 if mesh.empty else int(mesh.size)

@@ -407,3 +407,15 @@ def test_cli_mtp_prints_the_ar_text(capsys, monkeypatch, tmp_path):
     assert main(args + ["--method", "mtp", "--mtp-tokens", "2"]) == 0
     mtp = capsys.readouterr()
     assert mtp.out == ar.out and "method mtp" in mtp.err and "acceptance histogram" in mtp.err
+
+
+def test_cli_mtp_tensor_parallel(causal, capsys):
+    """--method mtp with --tp 2 --dp 1 loads the checkpoint's head, lays it out like the target and
+    prints the same text as on one device."""
+    args = ["--model", str(causal[0]), "--max-new-tokens", "10", "--ignore-eos", "--prompt", "x",
+            "--method", "mtp", "--mtp-tokens", "2"]
+    assert main(args) == 0
+    one = capsys.readouterr()
+    assert main(args + ["--tp", "2"]) == 0
+    two = capsys.readouterr()
+    assert two.out == one.out and "method mtp" in two.err

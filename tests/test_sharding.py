@@ -250,6 +250,54 @@ def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
     np.testing.assert_allclose(np.asarray(got)[..., :509], np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("flag", ["pallas_interpret", "xla"])
+def test_verify_runs_per_vocab_shard(target, drafter, monkeypatch, flag):
+    """The verify op per vocabulary shard (sharding.vocab_choice): greedy and Gumbel-max choices equal the
+    unsharded op's, with padding columns at -inf and ties; only the shards' [rows, tp] bests are gathered;
+    and greedy DDTree through the engine stays token-identical."""
+    from jaxspec.sampling import Sampling, choose
+    from pallas_kernels.verify import api
+    monkeypatch.setenv(api.ENV_VAR, flag)
+    shapes, partial = [], api.choice_partial
+    monkeypatch.setattr(api, "choice_partial", lambda k, rows, *a, **kw: shapes.append(rows.shape) or partial(k, rows, *a, **kw))
+    mesh = S.make_mesh(4, 2)
+    x = jnp.round(jax.random.normal(jax.random.key(0), (4, 3, 512)) * 2).at[..., 509:].set(-jnp.inf)
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None, "model")))
+    key = jax.random.key(1)
+    for t in (0.0, 0.9):
+        f = jax.jit(lambda k, l: choose(k, l, Sampling(temperature=t)))
+        shapes.clear()
+        with jax.set_mesh(mesh):
+            got = f(key, xs)
+            hlo = f.lower(key, xs).compile().as_text()
+        assert set(shapes) == {(6, 128)}    # traced per shard: 2 of the 4 sequences x 3 nodes, 512 / 4 columns
+        np.testing.assert_array_equal(got, api.target_choice(key, x, t, implementation=flag))
+        gathered = re.findall(r"= \w+\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", hlo)
+        assert gathered and all(np.prod([int(d) for d in g.split(",")]) <= 6 * 4 for g in gathered), gathered
+    prompts = [[5, 17, 300, 2], [9, 9, 400, 61, 7, 3]]
+    st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
+    ref = Engine(target, DFlash(drafter, target.cfg, budget=12)).generate(prompts, 12, rounds_per_call=4)
+    out = Engine(st, DFlash(sd, st.cfg, budget=12), mesh=mesh).generate(prompts, 12, rounds_per_call=4)
+    assert out.tokens == ref.tokens
+
+
+def test_mtp_sharded_equals_unsharded(target):
+    """The MTP head laid out like the target (kv heads repeated at TP 4, data parallel 2): greedy MTP
+    tokens, the acceptance histogram and the head's last drafts equal the unsharded engine's."""
+    from jaxspec.mtp import MTP, MTPHead
+    head = MTPHead(target.cfg, rngs=nnx.Rngs(3))
+    mesh = S.make_mesh(4, 2)
+    st, sh = S.shard_target(target, mesh), S.shard_mtp(head, mesh)
+    assert sh.cfg.num_kv_heads == 4 and same_spec(sh.layers[0].self_attn.q_proj.kernel[...], ("embed", "heads"))
+    prompts = [[5, 17, 300, 2], [9, 9, 400, 61, 7, 3]]
+    ref = Engine(target, MTP(head, target.cfg, 3)).generate(prompts, 14, rounds_per_call=4)
+    out = Engine(st, MTP(sh, st.cfg, 3), mesh=mesh).generate(prompts, 14, rounds_per_call=4)
+    assert out.tokens == ref.tokens
+    np.testing.assert_array_equal(out.hist, ref.hist)
+    np.testing.assert_array_equal(out.final.draft.drafts, ref.final.draft.drafts)
+    assert same_spec(out.final.draft.keys, S.STATE_AXES["keys"])
+
+
 def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
     cfg = target.cfg
     with pytest.raises(ConfigError, match=r"num_attention_heads=8 is not a multiple of 3"):

@@ -58,6 +58,30 @@ def test_sample_is_its_jnp_twin(seed, temperature, rows, vocab):
     np.testing.assert_array_equal(out, reference.gumbel_choice(words, x, temperature))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_slices_combine_into_the_whole_row(seed, temperature):
+    """The bests of column slices (global row/column origins: a sharded vocabulary), combined first-on-ties
+    in column order, equal the whole row's choice; the kernel's partial equals its jnp twin's."""
+    x = logits_for(seed, 6, 1200, ties=True).at[1].set(-jnp.inf).at[2, 400:].set(-jnp.inf)
+    words = reference.seed_words(jax.random.key(seed))
+    whole = reference.gumbel_choice(words, x, temperature)
+    for row_cut, parts in ((6, 4), (3, 3)):
+        vals, idxs = [], []
+        for c0 in range(0, 1200, 1200 // parts):
+            v_r, i_r = [], []
+            for r0 in range(0, 6, row_cut):
+                sl = x[r0:r0 + row_cut, c0:c0 + 1200 // parts]
+                v, i = reference.gumbel_partial(words, sl, temperature, r0, c0)
+                kv, ki = pallas_triton.gumbel_partial(words, sl, temperature, r0, c0, interpret=True, block_v=128,
+                                                      splits=2)
+                np.testing.assert_array_equal(ki, i)
+                np.testing.assert_array_equal(kv, v)
+                v_r.append(v), i_r.append(i)
+            vals.append(jnp.concatenate(v_r)), idxs.append(jnp.concatenate(i_r))
+        _, best = pallas_triton.combine(jnp.stack(vals, 1), jnp.stack(idxs, 1))
+        np.testing.assert_array_equal(best, whole)
+
+
 def test_sample_distribution(seed):
     """Gumbel-max with the hash's noise samples softmax(logits / T): 40000 rows of the same logits
     (independent noise per row) against the exact probabilities, and against jax.random.categorical."""
@@ -87,10 +111,7 @@ def test_dispatch(monkeypatch, seed):
     monkeypatch.delenv(api.ENV_VAR, raising=False)
     assert api.resolve() == "reference"
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve() == "pallas_triton"                # the kernel is the default on one GPU
-    mesh = jax.make_mesh((1, 2), ("data", "model"), devices=jax.devices()[:2])
-    with jax.set_mesh(mesh):
-        assert api.resolve() == "reference"                # logits sharded: XLA partitions argmax
+    assert api.resolve() == "pallas_triton"                # the kernel is the default on GPU
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     assert api.resolve() == "pallas_interpret" and api.resolve("xla") == "xla"
     monkeypatch.setenv(api.ENV_VAR, "triton")
@@ -113,8 +134,8 @@ def test_choose_goes_through_the_op(seed, monkeypatch):
     from jaxspec.sampling import Sampling, choose
 
     calls = []
-    kernel = pallas_triton.gumbel_choice
-    monkeypatch.setattr(pallas_triton, "gumbel_choice", lambda *a, **kw: calls.append(a[2]) or kernel(*a, **kw))
+    kernel = pallas_triton.gumbel_partial
+    monkeypatch.setattr(pallas_triton, "gumbel_partial", lambda *a, **kw: calls.append(a[2]) or kernel(*a, **kw))
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     x = logits_for(seed, 4, 500).reshape(2, 2, 500)
     key = jax.random.key(seed)

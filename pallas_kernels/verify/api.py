@@ -4,17 +4,17 @@
 | ------------------ | ------------------------------------------------------------------ | ------------ |
 | "reference"        | jnp.argmax / jax.random.categorical (reference.target_choice)      | elsewhere    |
 | "xla"              | the kernel's hash Gumbel-max in jnp (reference.gumbel_choice)       | never        |
-| "pallas_triton"    | one pass over the logits, Triton lowering (pallas_triton.py)       | on one GPU   |
+| "pallas_triton"    | one pass over the logits, Triton lowering (pallas_triton.py)       | on GPU       |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter                       | never (tests)|
 
 Greedy gives the same tokens whatever the implementation (argmax, lowest index on ties). Sampling at a
 temperature draws from the same distribution, softmax(logits / T), but from different random bits:
 "reference" keeps the tokens jaxspec produced before this op existed. An explicit `implementation=`
 wins; else the environment variable JAXSPEC_VERIFY (read when the caller is traced); else the kernel on
-one GPU (its 12 GPU tests passed on the H200: bench/results/2026-11-29-h200x2-kernel-gpu-tests.log);
-"reference" under a mesh of several devices, where the logits are sharded (vocabulary over "model",
-rows over "data") and XLA partitions argmax / categorical itself (the kernel is not run per shard yet:
-it would need a combine across vocabulary shards), and "reference" off the GPU.
+a GPU (its 12 GPU tests passed on the H200: bench/results/2026-11-29-h200x2-kernel-gpu-tests.log) and
+"reference" elsewhere. Under a mesh the logits are sharded (vocabulary over "model", rows over "data"):
+jaxspec/sampling.py then runs `choice_partial` per shard and combines the shards' bests
+(jaxspec/sharding.py `vocab_choice`), which gives the unsharded tokens.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ IMPLEMENTATIONS = ("reference", "xla", "pallas_triton", "pallas_interpret")
 
 def resolve(implementation: str | None = None) -> str:
     """The implementation that `target_choice` runs."""
-    default = "pallas_triton" if dispatch.on_gpu() and dispatch.mesh_size() == 1 else "reference"
+    default = "pallas_triton" if dispatch.on_gpu() else "reference"
     return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
 
 
@@ -41,10 +41,19 @@ def target_choice(key, logits, temperature: float, *, implementation: str | None
     name = resolve(implementation)
     if name == "reference":
         return reference.target_choice(key, logits, temperature)
+    _, idx = choice_partial(key, logits.reshape(-1, logits.shape[-1]), temperature, implementation=name)
+    return jnp.where(idx == pallas_triton.NONE, 0, idx).reshape(logits.shape[:-1])
+
+
+def choice_partial(key, logits, temperature: float, row0=0, col0=0, *, implementation: str | None = None):
+    """For one slice [R, V] of a larger logits matrix, starting at global row row0 and column col0 (a
+    shard of a tensor-parallel vocabulary): ([R] best value, [R] its global column), with the hash
+    Gumbel-max noise of the global positions, so that the slices' bests (first on ties, in column order:
+    pallas_triton.combine) give the choice over the whole rows. Implementations "xla" and the kernel's."""
+    name = resolve(implementation)
+    if name == "reference":
+        raise ValueError("choice_partial: 'reference' (jax.random) has no per-slice form; use 'xla' or a kernel")
     seed = jnp.zeros((2,), jnp.uint32) if key is None or temperature == 0.0 else reference.seed_words(key)
-    x = logits.reshape(-1, logits.shape[-1])
     if name == "xla":
-        out = reference.gumbel_choice(seed, x, temperature)
-    else:
-        out = pallas_triton.gumbel_choice(seed, x, temperature, interpret=name == "pallas_interpret")
-    return out.reshape(logits.shape[:-1])
+        return reference.gumbel_partial(seed, logits, temperature, row0, col0)
+    return pallas_triton.gumbel_partial(seed, logits, temperature, row0, col0, interpret=name == "pallas_interpret")

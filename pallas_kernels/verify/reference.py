@@ -47,12 +47,21 @@ def gumbel(seed, rows, cols):
     return -jnp.log(-jnp.log(u))
 
 
-def gumbel_choice(seed, logits, temperature: float):
-    """[R] int32 for logits [R, V]: argmax of logits (temperature 0) or of logits / T + noise."""
+def gumbel_partial(seed, logits, temperature: float, row0=0, col0=0):
+    """logits [R, V], the slice of global rows row0.. and columns col0.. of a larger [R', V'] ->
+    ([R] f32 best value, [R] int32 its global column): the max over the slice of logits (temperature 0) or
+    of logits / T + noise(global row, global column), and its first column. Bests of the slices of one
+    row, taken in column order with the first on ties, give gumbel_choice of the whole row."""
     x = logits.astype(jnp.float32)
     if temperature != 0.0:
         r, v = x.shape
-        rows = jnp.arange(r, dtype=jnp.uint32)[:, None]
-        cols = jnp.arange(v, dtype=jnp.uint32)[None, :]
+        rows = (jnp.arange(r, dtype=jnp.int32) + row0).astype(jnp.uint32)[:, None]
+        cols = (jnp.arange(v, dtype=jnp.int32) + col0).astype(jnp.uint32)[None, :]
         x = x * np.float32(1.0 / temperature) + gumbel(seed, rows, cols)
-    return jnp.argmax(x, -1).astype(jnp.int32)
+    idx = jnp.argmax(x, -1).astype(jnp.int32)
+    return jnp.take_along_axis(x, idx[:, None], -1)[:, 0], idx + col0
+
+
+def gumbel_choice(seed, logits, temperature: float):
+    """[R] int32 for logits [R, V]: argmax of logits (temperature 0) or of logits / T + noise."""
+    return gumbel_partial(seed, logits, temperature)[1]
