@@ -230,8 +230,15 @@ def test_compiled_round_has_two_all_reduces_per_layer(target, drafter):
 
 @pytest.mark.parametrize("flag", ["JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_TREE_ATTENTION"])
 def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
-    """With a Pallas kernel selected, the sharded forward goes through shard_map and matches."""
+    """With a Pallas kernel selected, the sharded forward traces the kernel on per-shard shapes (1 of the
+    2 sequences, a quarter of the heads) through shard_map, and matches."""
+    from pallas_kernels.tree_attention import pallas_triton as attention_kernel
+    from pallas_kernels.tree_delta_rule import pallas_triton as delta_kernel
     monkeypatch.setenv(flag, "pallas_interpret")
+    module = attention_kernel if flag == "JAXSPEC_TREE_ATTENTION" else delta_kernel
+    fn_name = "tree_attention" if flag == "JAXSPEC_TREE_ATTENTION" else "tree_delta_rule"
+    shapes, kernel = [], getattr(module, fn_name)
+    monkeypatch.setattr(module, fn_name, lambda q, *a, **kw: shapes.append(q.shape) or kernel(q, *a, **kw))
     mesh = S.make_mesh(4, 2)
     sharded = S.shard_target(target, mesh)
     b = 2
@@ -245,6 +252,8 @@ def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
         hlo = f.lower(params, tokens, state, tr).as_text()
         got = f(params, tokens, state, tr)
     assert "sdy.manual_computation" in hlo or "shard_map" in hlo
+    heads = (target.cfg.num_heads if flag == "JAXSPEC_TREE_ATTENTION" else target.cfg.linear_num_value_heads) // 4
+    assert shapes and {(s[0], s[2]) for s in shapes} == {(1, heads)}, shapes
     monkeypatch.delenv(flag)
     ref = forward(target, tokens, tr, init_state(target.cfg, b, 32))
     np.testing.assert_allclose(np.asarray(got)[..., :509], np.asarray(ref), rtol=2e-5, atol=2e-5)
