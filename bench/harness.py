@@ -241,11 +241,13 @@ def random_state(cfg: TargetConfig, batch: int, max_len: int, length: int, seed:
                    ssm=tuple(rnd(1000 + i, x, 0.05) for i, x in enumerate(abstract.ssm)))
 
 
-def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4) -> dict:
-    """ms per round inside the engine's device loop (the compiled `Engine._run` that generate uses), from
-    `state` and `draft` (e.g. random_state at some committed length): no prefill. `out` has 8 slots (writes
-    past it are dropped, which costs the same as keeping them) and max_new is huge, so every round runs.
-    Two untimed calls first: under a mesh the second may recompile for the shardings the first returned."""
+ENDLESS = 1 << 20   # max_new of timed device loops: no sequence finishes
+
+
+def decoding_at(eng, state, draft):
+    """A Decoding for `eng` from this target state and drafter state, batch 1, without prefill (the
+    small fields replicated on the engine's mesh). `out` has 8 slots: writes past it are dropped, which
+    costs the same as keeping them."""
     from jax.sharding import NamedSharding, PartitionSpec
     from jaxspec.engine import Decoding
     n = eng.spec.tree_size
@@ -253,16 +255,46 @@ def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4) -> dict:
              jnp.zeros((1,), bool), jax.random.key(0), jnp.zeros((1, n + 1), jnp.int32), jnp.zeros((1,), jnp.int32))
     if eng.mesh is not None:
         small = jax.device_put(small, NamedSharding(eng.mesh, PartitionSpec()))
-    d = Decoding(state, draft, *small)
-    big = 1 << 20
+    return Decoding(state, draft, *small)
+
+
+def trace_rounds(eng, d, rounds: int, calls: int, out: Path) -> dict:
+    """A jax.profiler trace of `calls` device-loop calls of `rounds` rounds each, from `d` (compiled
+    already), kept as out/<engine>.xplane.pb. Analyse it with `python -m bench.profile XPLANE HLO --device 0`
+    and the optimized HLO of the same run (XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench_trace_")
+    try:
+        opts = jax.profiler.ProfileOptions()
+        opts.python_tracer_level = 0
+        with jax.profiler.trace(tmp, profiler_options=opts):
+            for _ in range(calls):
+                d = eng._run(eng.params, d, ENDLESS, rounds)
+            jax.block_until_ready(d)
+        files = sorted(glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True))
+        if not files:
+            return dict(error="no xplane.pb written")
+        dest = out / f"{eng.spec.name}_rounds.xplane.pb"
+        shutil.copy(files[-1], dest)
+        return dict(xplane=str(dest), rounds=rounds * calls, bytes=dest.stat().st_size)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4) -> dict:
+    """ms per round inside the engine's device loop (the compiled `Engine._run` that generate uses), from
+    `state` and `draft` (e.g. random_state at some committed length): no prefill. `out` has 8 slots (writes
+    past it are dropped, which costs the same as keeping them) and max_new is huge, so every round runs.
+    Two untimed calls first: under a mesh the second may recompile for the shardings the first returned."""
+    d = decoding_at(eng, state, draft)
     for _ in range(2):
-        d = eng._run(eng.params, d, big, rounds)
+        d = eng._run(eng.params, d, ENDLESS, rounds)
     jax.block_until_ready(d)
     per = []
     for _ in range(repeats):
         r0 = int(d.rounds[0])
         t = time.perf_counter()
-        d = eng._run(eng.params, d, big, rounds)
+        d = eng._run(eng.params, d, ENDLESS, rounds)
         jax.block_until_ready(d)
         per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
     hist = np.asarray(d.hist).sum(0)

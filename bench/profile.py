@@ -145,12 +145,15 @@ class HloIndex:
         return res
 
 
-def load_events(xplane: str, module: str | None = None) -> tuple[list[tuple[float, float, str, str]], dict]:
-    """(start_ns, duration_ns, kernel name, hlo_op) of the device kernels of `module` in start order;
-    on a machine with no device planes, the XLA thunks of the host CPU plane."""
+def load_events(xplane: str, module: str | None = None,
+                device: int | None = None) -> tuple[list[tuple[float, float, str, str]], dict]:
+    """(start_ns, duration_ns, kernel name, hlo_op) of the device kernels of `module` in start order (of
+    device number `device` only, e.g. one GPU of a tensor-parallel trace); on a machine with no device
+    planes, the XLA thunks of the host CPU plane."""
     from jax.profiler import ProfileData
     planes = list(ProfileData.from_file(xplane).planes)
-    dev = [p for p in planes if p.name.startswith("/device:")]
+    dev = [p for p in planes if p.name.startswith("/device:")
+           and (device is None or p.name.rsplit(":", 1)[-1] == str(device))]
     info: dict = dict(lines={})
     out = []
     for pl in dev or [p for p in planes if p.name == "/host:CPU"]:
@@ -249,11 +252,13 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=1, help="complete steps in the trace")
     ap.add_argument("--first-step", action="store_true", help="keep only the first step (up to the lm_head)")
     ap.add_argument("--module", default=None)
+    ap.add_argument("--device", type=int, default=None,
+                    help="only this device's kernels (a multi-GPU trace has one plane per GPU)")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
     hlo = HloIndex(read_hlo(args.hlo))
-    events, _ = load_events(args.xplane, args.module)
+    events, _ = load_events(args.xplane, args.module, args.device)
     if args.first_step:
         events, args.steps = first_step(events, hlo), 1
     s = summarize(events, hlo, args.steps, args.top)

@@ -26,6 +26,7 @@ import datetime
 import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -138,6 +139,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=8, help="rounds per device-loop call")
     ap.add_argument("--k", type=int, default=10, help="back-to-back calls per verify timing")
     ap.add_argument("--skip-identity", action="store_true", help="timings only")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="also trace each method's rounds at the first context into DIR (bench.harness.trace_rounds; "
+                         "add XLA_FLAGS=--xla_dump_to=DIR/hlo --xla_dump_hlo_as_text for the HLO bench.profile reads)")
     ap.add_argument("--deadline-s", type=float, default=420, help="skip optional phases after this many seconds")
     ap.add_argument("--out", default=None, help="JSON result path (rewritten after each phase)")
     args = ap.parse_args(argv)
@@ -227,8 +231,13 @@ def main(argv=None):
                 mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
             t = time.perf_counter()
             ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache, args.rounds)
-            del cache
             log(f"{ctx}: {name}_round {ph[f'{name}_round']} ({time.perf_counter() - t:.0f}s with any compile)")
+            if args.profile and ctx == contexts[0]:
+                cache = () if name == "ar" else S.put_state(mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
+                res.setdefault("profile", {})[name] = H.trace_rounds(
+                    eng, H.decoding_at(eng, state_at(), cache), args.rounds, 2, Path(args.profile))
+                log(f"{ctx}: {name} trace {res['profile'][name]}")
+            del cache
             save()
         for label, toks, tr in ((f"verify{bs}", jnp.ones((1, bs), jnp.int32), trees.chain(1, bs)),
                                 (f"verify{args.budget + 1}", tree, tr_tree)):

@@ -13,7 +13,7 @@ def test_bench_tp_tiny(tmp_path):
     out = tmp_path / "tp.json"
     rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "4", "--contexts", "48,96", "--budget", "8",
                   "--prompt", "20", "--new", "12", "--rounds", "4", "--k", "2", "--identity-layers", "2",
-                  "--out", str(out)])
+                  "--profile", str(tmp_path / "prof"), "--out", str(out)])
     res = json.loads(out.read_text())
     assert rc == 0
     assert set(res["identity"]) == {"ar", "dflash", "ddtree8"}
@@ -21,5 +21,7 @@ def test_bench_tp_tiny(tmp_path):
     for ctx in ("48", "96"):
         assert set(res["timings"][ctx]) == {"ar_round", "dflash_round", "ddtree8_round", "verify16", "verify9"}
     assert res["allreduce"]["ar_round"]["ms_per_round"] > 0
+    for name in ("ar", "dflash", "ddtree"):       # one trace per method at the first context
+        assert (tmp_path / "prof" / f"{name}_rounds.xplane.pb").stat().st_size > 0, res.get("profile")
     assert res["git"]["commit"] and res["machine"]["device_count"] == 8 and res["date"]
     assert res["skipped"] == [] and res["identity_layers"] == 2 and res["identity_dtype"] == "float32"
