@@ -227,17 +227,14 @@ def main(argv=None):
         for name, eng in engines.items():
             if late(f"{name}_round@{ctx}"):
                 continue
-            cache = () if name == "ar" else S.put_state(
-                mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
+            cache_at = lambda: () if name == "ar" else S.put_state(mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
             t = time.perf_counter()
-            ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache, args.rounds)
+            ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache_at(), args.rounds)
             log(f"{ctx}: {name}_round {ph[f'{name}_round']} ({time.perf_counter() - t:.0f}s with any compile)")
             if args.profile and ctx == contexts[0]:
-                cache = () if name == "ar" else S.put_state(mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
                 res.setdefault("profile", {})[name] = H.trace_rounds(
-                    eng, H.decoding_at(eng, state_at(), cache), args.rounds, 2, Path(args.profile))
+                    eng, H.decoding_at(eng, state_at(), cache_at()), args.rounds, 2, Path(args.profile))
                 log(f"{ctx}: {name} trace {res['profile'][name]}")
-            del cache
             save()
         for label, toks, tr in ((f"verify{bs}", jnp.ones((1, bs), jnp.int32), trees.chain(1, bs)),
                                 (f"verify{args.budget + 1}", tree, tr_tree)):

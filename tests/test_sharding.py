@@ -268,7 +268,8 @@ def test_verify_runs_per_vocab_shard(target, drafter, monkeypatch, flag):
     from pallas_kernels.verify import api
     monkeypatch.setenv(api.ENV_VAR, flag)
     shapes, partial = [], api.choice_partial
-    monkeypatch.setattr(api, "choice_partial", lambda k, rows, *a, **kw: shapes.append(rows.shape) or partial(k, rows, *a, **kw))
+    monkeypatch.setattr(api, "choice_partial",
+                        lambda k, rows, *a, **kw: shapes.append(rows.shape) or partial(k, rows, *a, **kw))
     mesh = S.make_mesh(4, 2)
     x = jnp.round(jax.random.normal(jax.random.key(0), (4, 3, 512)) * 2).at[..., 509:].set(-jnp.inf)
     xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None, "model")))

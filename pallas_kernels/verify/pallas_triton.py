@@ -2,13 +2,13 @@
 
 Grid (row, vocab split). A program walks its slice of one row's vocabulary in tiles of `block_v`,
 keeps the best (value, index) so far (strictly greater wins, so the lowest index wins ties: tiles go
-in increasing order) and writes it out; `_combine` takes the best split per row, again the first on
+in increasing order) and writes it out; `combine` takes the best split per row, again the first on
 ties. At temperature T the value is logits / T + Gumbel noise made in the kernel from a hash of
 (seed, row, column) (reference.gumbel: the same integer and float operations), so the noise never
 touches memory. `gumbel_partial` takes the global (row, column) of the slice's first element, so that a
 shard of the vocabulary (jaxspec/sharding.py `vocab_choice`) hashes and reports global positions and the
-shards' bests combine into the unsharded choice. Tiles that would cross the vocabulary end are shifted back and the repeated columns
-masked, as in tree attention.
+shards' bests combine into the unsharded choice. Tiles that would cross the vocabulary end are shifted
+back and the repeated columns masked, as in tree attention.
 """
 
 from __future__ import annotations
