@@ -61,6 +61,14 @@ def random_params(module_fn, seed):
     return nnx.merge(graphdef, params)
 
 
+def random_pair(cfg, dcfg):
+    """A target and a DFlash drafter with random weights (random_params), on the default device, ready."""
+    model = random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
+    drafter = random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
+    jax.block_until_ready((nnx.state(model), nnx.state(drafter)))
+    return model, drafter
+
+
 def random_cache(dcfg, batch, max_len, length, seed=5):
     abstract = jax.eval_shape(lambda: DR.init_cache(dcfg, batch, max_len))
     key = jax.random.key(seed)
@@ -178,9 +186,7 @@ def main(argv=None):
     log(f"devices {jax.devices()}")
     result["copy"] = H.measure_copy(2.0 if args.config == "real" else 0.01, 5)
     t = time.perf_counter()
-    model = random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
-    drafter = random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
-    jax.block_until_ready((nnx.state(model), nnx.state(drafter)))
+    model, drafter = random_pair(cfg, dcfg)
     log(f"random weights in {time.perf_counter() - t:.1f}s")
     pb = H.param_bytes(cfg, nnx.state(model))
     result["weight_bytes_per_step"] = pb["decode_weight_bytes"]

@@ -36,8 +36,6 @@ from jax.sharding import PartitionSpec as P
 
 from bench import harness as H
 from bench import rounds as R
-from jaxspec import drafter as DR
-from jaxspec import model as M
 from jaxspec import sharding as S
 from jaxspec import tree as trees
 from jaxspec.dflash import DFlash
@@ -98,9 +96,7 @@ def check_identity(cfg, dcfg, mesh, args, res, save):
     """Greedy AR / DFlash / DDTree at TP = 1 on device 0, then the same weights sharded on `mesh`."""
     tp = S.tp_degree(mesh)
     with jax.default_device(jax.devices()[0]):
-        model = R.random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
-        drafter = R.random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
-    jax.block_until_ready((nnx.state(model), nnx.state(drafter)))
+        model, drafter = R.random_pair(cfg, dcfg)
     prompt = np.random.RandomState(0).randint(0, cfg.vocab_size, args.prompt).tolist()
     max_len = args.prompt + args.new + args.budget + 64
     ref = {}
@@ -203,8 +199,7 @@ def main(argv=None):
     # 3. timings of the full model, sharded, from random states (no prefill)
     t = time.perf_counter()
     with jax.default_device(jax.devices()[0]):
-        model = R.random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
-        drafter = R.random_params(lambda: DR.Drafter(dcfg, rngs=nnx.Rngs(1)), 1)
+        model, drafter = R.random_pair(cfg, dcfg)
     smodel, sdrafter = S.shard_target(model, mesh), S.shard_drafter(drafter, mesh)
     del model, drafter
     jax.block_until_ready((nnx.state(smodel), nnx.state(sdrafter)))

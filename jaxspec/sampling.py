@@ -64,7 +64,7 @@ def target_choice(key, logits, temperature: float):
     """The verify op; with a per-slice implementation under a mesh, run per shard (sharding.vocab_choice)."""
     if verify_api.resolve() != "reference":
         partial = lambda rows, row0, col0: verify_api.choice_partial(key, rows, temperature, row0, col0)
-        out = sharding.vocab_choice(partial, logits)
+        out = sharding.vocab_choice(partial, verify_api.combine, logits)
         if out is not None:
             return out
     return verify_api.target_choice(key, logits, temperature)

@@ -301,13 +301,13 @@ def per_shard(fn, q, k, v, g, beta, anc, s0):
                    (heads4, heads4, heads4, heads3, heads3, P(DATA), P(DATA, MODEL)), (heads4, heads4, heads3))
 
 
-def vocab_choice(partial, x):
+def vocab_choice(partial, combine, x):
     """The verify op's choice per row of logits x [B, ..., V] sharded as (data, ..., model) on the mesh
     being traced under, run per shard: `partial(rows [R, V / tp], row0, col0)` gives each row's best
     (value, global column) in that shard (pallas_kernels/verify/api.choice_partial); the tp bests are
-    gathered in column order and the first best wins, as argmax over the whole row does. None without
-    such a mesh or when the vocabulary does not split evenly."""
-    from pallas_kernels.verify.pallas_triton import NONE, combine
+    gathered in column order and `combine` ([R, tp] values and columns -> [R] choices) keeps the first
+    best, as argmax over the whole row does. None without such a mesh or when the vocabulary does not
+    split evenly."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or MODEL not in mesh.axis_names or MODEL in mesh.manual_axes:
         return None
@@ -323,8 +323,7 @@ def vocab_choice(partial, x):
         val, idx = partial(rows, row0, jax.lax.axis_index(MODEL) * xs.shape[-1])
         val = jax.lax.all_gather(val, MODEL, axis=1)                       # [R, tp], shards in column order
         idx = jax.lax.all_gather(idx, MODEL, axis=1)
-        _, best = combine(val, idx)
-        return jnp.where(best == NONE, 0, best).reshape(xs.shape[:-1])
+        return combine(val, idx).reshape(xs.shape[:-1])
 
     return jax.shard_map(local, mesh=mesh, in_specs=P(*lead, MODEL), out_specs=P(*lead), check_vma=False)(x)
 

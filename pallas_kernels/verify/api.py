@@ -41,8 +41,15 @@ def target_choice(key, logits, temperature: float, *, implementation: str | None
     name = resolve(implementation)
     if name == "reference":
         return reference.target_choice(key, logits, temperature)
-    _, idx = choice_partial(key, logits.reshape(-1, logits.shape[-1]), temperature, implementation=name)
-    return jnp.where(idx == pallas_triton.NONE, 0, idx).reshape(logits.shape[:-1])
+    val, idx = choice_partial(key, logits.reshape(-1, logits.shape[-1]), temperature, implementation=name)
+    return combine(val[:, None], idx[:, None]).reshape(logits.shape[:-1])
+
+
+def combine(val, idx):
+    """[R, S] partial bests of S slices of each row, in column order (`choice_partial`) -> [R] int32 the
+    choice over the whole rows: the first best; 0 for a row where no slice saw a column."""
+    _, best = pallas_triton.combine(val, idx)
+    return jnp.where(best == pallas_triton.NONE, 0, best)
 
 
 def choice_partial(key, logits, temperature: float, row0=0, col0=0, *, implementation: str | None = None):
