@@ -11,25 +11,35 @@ extra="${1:-}"
 ok() { "$@" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; }
 py="${PYTHON:-}"
 if [ -z "$py" ]; then
-  for c in python3.13 python3.12 python3 python; do
+  for c in python3.12 python3.13 python3 python; do
     if command -v "$c" >/dev/null && ok "$c"; then py="$(command -v "$c")"; break; fi
   done
 fi
 if [ -z "$py" ] && command -v pyenv >/dev/null; then
   # pyenv may have 3.12+ installed without selecting it (plain `python3.12` then fails).
-  for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])' | sort -V -r); do
+  # 3.12 first (the GPU image's version), then newer ones.
+  for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.12' | sort -V -r) \
+           $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[3-9])' | sort -V); do
     c="$(pyenv root)/versions/$v/bin/python3"
     if [ -x "$c" ] && ok "$c"; then py="$c"; break; fi
   done
 fi
 if [ -z "$py" ]; then
-  echo "install.sh: no Python >= 3.12 found (tried python3.13, python3.12, python3, pyenv versions)." >&2
+  echo "install.sh: no Python >= 3.12 found (tried python3.12, python3.13, python3, pyenv versions)." >&2
   echo "Install one (e.g. 'pyenv install 3.12', 'uv python install 3.12' or your OS package) or set PYTHON=..." >&2
   exit 1
 fi
 echo "install.sh: using $py ($("$py" --version))" >&2
+# The test extra pulls PyPI's torch (a CUDA build with its NVIDIA libraries, ~6 GB in .venv).
+need_gb=2; [ "$extra" = test ] && need_gb=8; [ "$extra" = cuda ] && need_gb=5
+free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+if [ ! -d .venv ] && [ "$free_gb" -lt "$need_gb" ]; then
+  echo "install.sh: only ${free_gb} GB free on $(df -P . | awk 'NR==2 {print $6}'); './install.sh $extra' needs about ${need_gb} GB." >&2
+  exit 1
+fi
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+# No pip cache: on a fresh machine it only doubles the disk the wheels take.
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir)
 # The GPU image runs jax 0.11.2: pin it so CPU tests run the same JAX.
 pins=("jax==0.11.2" "jaxlib==0.11.2")
 case "$extra" in
