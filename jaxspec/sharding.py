@@ -321,8 +321,8 @@ def vocab_choice(partial, combine, x):
         rows = xs.reshape(-1, xs.shape[-1])
         row0 = jax.lax.axis_index(batch) * rows.shape[0] if batch else 0
         val, idx = partial(rows, row0, jax.lax.axis_index(MODEL) * xs.shape[-1])
-        val = jax.lax.all_gather(val, MODEL, axis=1)                       # [R, tp], shards in column order
-        idx = jax.lax.all_gather(idx, MODEL, axis=1)
+        # one collective for both: [R, tp] each, shards in column order
+        val, idx = jax.lax.all_gather((val, idx), MODEL, axis=1)
         return combine(val, idx).reshape(xs.shape[:-1])
 
     return jax.shard_map(local, mesh=mesh, in_specs=P(*lead, MODEL), out_specs=P(*lead), check_vma=False)(x)

@@ -6,10 +6,13 @@
         target teacher-forced over the corpus and its greedy generations, or either alone: --drafter-data) -> a
         DFlash drafter (block 16) -> HF export of both -> held-out evaluation (tau for DFlash and DDTree,
         token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.
-    python -m jaxspec.train drafter --target DIR --text PATH... --out DIR [--data corpus|greedy]
-        a DFlash drafter for an existing target: by default on the target teacher-forced over windows of the
-        given text files (features cached once, labels its own greedy predictions), or on its greedy
-        continuations of prompts cut from them.
+    python -m jaxspec.train drafter --target DIR --text PATH... --out DIR [--data corpus|greedy] [--init DRAFTER]
+        a DFlash drafter for an existing target (new, or continuing from --init): by default on the target
+        teacher-forced over windows of the given text files, or on its greedy continuations of prompts cut
+        from them; either way the target's features are computed once and cached, labels its own greedy
+        predictions.
+    python -m jaxspec.train eval --target DIR --draft DIR --text PATH... --out FILE.json
+        tau of DFlash and DDTree (budgets 16, 32, 64), token identity to AR and tokens/s on held-out prompts.
 
 The drafter recipe: the target (and its embedding and lm_head, which the drafter shares) is frozen; per
 sequence, random anchor positions; each block [anchor, MASK x (B-1)] sits at positions anchor..anchor+B-1
@@ -617,6 +620,30 @@ def greedy_generate(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int
     return np.concatenate(out)
 
 
+def greedy_sequences(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int, path: Path,
+                     deadline: float | None = None) -> np.ndarray:
+    """`greedy_generate` in chunks of `batch` prompts, the sequences so far saved to `path` (.npy) after each
+    chunk, so a rerun with the same prompts continues where an interrupted one stopped. Stops early (fewer
+    sequences) at the wall-clock `deadline`."""
+    n, p = prompts.shape
+    seqs = np.zeros((0, p + max_new), np.int32)
+    if path.exists():
+        prev = np.load(path)
+        if prev.shape[1] == p + max_new and len(prev) <= n and np.array_equal(prev[:, :p], prompts[:len(prev)]):
+            seqs = prev
+            log(f"greedy: resuming at {len(seqs)}/{n} sequences from {path}")
+    t0, i0 = time.time(), len(seqs)
+    for i in range(len(seqs), n, batch):
+        seqs = np.concatenate([seqs, greedy_generate(model, prompts[i:i + batch], max_new, batch)])
+        tmp = path.with_name(path.stem + ".tmp.npy")
+        np.save(tmp, seqs)
+        os.replace(tmp, path)
+        log(f"greedy: {len(seqs)}/{n} sequences ({(len(seqs) - i0) * max_new / (time.time() - t0):.0f} tokens/s)")
+        if deadline is not None and time.time() > deadline:
+            break
+    return seqs
+
+
 def prompts_from(docs: list[np.ndarray], n: int, length: int, seed: int) -> np.ndarray:
     """n prompts of exactly `length` tokens at random places of random documents long enough."""
     rng = np.random.default_rng(seed)
@@ -862,49 +889,40 @@ def run_pair(args) -> int:
     if data in ("greedy", "mixed"):
         t1 = time.time()
         prompts = prompts_from(docs, s.gen_n, s.prompt_len, args.seed + 1)
-        seqs = []
-        for i in range(0, s.gen_n, s.gen_batch):
-            seqs.append(greedy_generate(frozen_target, prompts[i:i + s.gen_batch], s.gen_new, s.gen_batch))
-            if time.time() > at(0.47):
-                break
-        seqs = np.concatenate(seqs)
+        seqs = greedy_sequences(frozen_target, prompts, s.gen_new, s.gen_batch, work / "greedy.npy", deadline=at(0.47))
         results["drafter_data"]["greedy"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len,
                                              "generated": s.gen_new, "seconds": time.time() - t1}
         log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t1:.1f}s")
+        # their features too, so that a step never runs the target
+        gcache = FeatureCache(work / "greedy_features")
+        n_seq = gcache.build(frozen_target, seqs.reshape(-1), tuple(s.taps), seqs.shape[1], len(seqs),
+                             args.seed + 5, batch=s.gen_batch // 4 or 1)
+        g_positions = s.gen_new - s.block + 2
         if data == "greedy":
-            done, positions = len(seqs), s.gen_new - s.block + 2
-        else:   # their features too, so that a step never runs the target
-            gcache = FeatureCache(work / "greedy_features")
-            n_seq = gcache.build(frozen_target, seqs.reshape(-1), tuple(s.taps), seqs.shape[1], len(seqs),
-                                 args.seed + 5, batch=s.gen_batch // 4 or 1)
-            g_positions = s.gen_new - s.block + 2
+            cache, done, positions = gcache, n_seq, g_positions
 
     # 4. Drafter.
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
     dgraph, dparams = nnx.split(drafter)
-    if data in ("corpus", "mixed"):
-        loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
-        frozen = {"embed": frozen_target.embed_tokens[...], "lm_head": frozen_target.unembedding()}
-        if data == "corpus":
-            batches = cached_batches(cache, done, s.d_batch, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3)
-        else:   # s.d_greedy_frac of each batch from the greedy continuations
-            ng = min(max(round(s.d_batch * s.d_greedy_frac), 1), s.d_batch - 1)
-            batches = mixed_batches(
-                cached_batches(cache, done, s.d_batch - ng, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3),
-                cached_batches(gcache, n_seq, ng, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 6))
-            epochs_at = lambda steps: max(epochs_seen(steps, s.d_batch - ng, s.d_anchors, done, positions),
-                                          epochs_seen(steps, ng, s.d_anchors, n_seq, g_positions))
-    else:
-        frozen_graph, frozen = nnx.split(frozen_target)
-        loss_fn = drafter_loss(dgraph, frozen_graph, default_gamma(s.block))
-        batches = drafter_batches(seqs, s.prompt_len - 1, s.d_batch, s.block, s.d_anchors, args.seed + 3)
+    loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
+    frozen = {"embed": frozen_target.embed_tokens[...], "lm_head": frozen_target.unembedding()}
+    epochs_at = lambda steps: epochs_seen(steps, s.d_batch, s.d_anchors, done, positions)
+    if data != "mixed":
+        batches = cached_batches(cache, done, s.d_batch, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3)
+    else:   # s.d_greedy_frac of each batch from the greedy continuations
+        ng = min(max(round(s.d_batch * s.d_greedy_frac), 1), s.d_batch - 1)
+        batches = mixed_batches(
+            cached_batches(cache, done, s.d_batch - ng, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 3),
+            cached_batches(gcache, n_seq, ng, s.block, s.d_anchors, s.prompt_len - 1, args.seed + 6))
+        epochs_at = lambda steps: max(epochs_seen(steps, s.d_batch - ng, s.d_anchors, done, positions),
+                                      epochs_seen(steps, ng, s.d_anchors, n_seq, g_positions))
     dtr = Trainer(loss_fn, dparams, frozen, batches,
                   steps=s.d_max_steps, opt=OptConfig(lr=s.d_lr, warmup=min(200, s.d_max_steps // 10)),
                   ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter")
     if not dtr.restore():
         dtr.steps = calibrate_steps(dtr, at(0.70) - time.time(), cap=s.d_max_steps)
         dtr.warmup = min(200, max(dtr.steps // 25, 1))
-    epochs = epochs_at(dtr.steps) if data == "mixed" else epochs_seen(dtr.steps, s.d_batch, s.d_anchors, done, positions)
+    epochs = epochs_at(dtr.steps)
     warn_epochs("drafter", epochs, s.d_max_epochs)
     results["drafter_data"]["epochs"] = epochs
     dtr.run(deadline=at(0.72))
@@ -973,16 +991,27 @@ def run_drafter(args) -> int:
 
     t_start = time.time()
     target = load_model(args.target, dtype="float32")
-    tok = load_tokenizer(args.target)
-    files = []
-    for p in args.text:
-        p = Path(p)
-        files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".txt", ".md")) if p.is_dir() else [p]
-    docs = [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in files) if t]
+    docs = text_docs(load_tokenizer(args.target), args.text)
     n_layers = target.cfg.num_layers
-    taps = tuple(args.taps) if args.taps else tuple(sorted({round(1 + i * (n_layers - 3) / max(args.n_taps - 1, 1))
-                                                             for i in range(args.n_taps)}))
+    if args.init:
+        # Continue from an existing drafter: its own architecture, taps and block; the shape flags are unused.
+        from convert.drafter import load_draft
+        from jaxspec.drafter_config import check_pair
+        drafter = load_draft(args.init, dtype="float32")
+        check_pair(drafter.cfg, target.cfg)
+        dcfg, taps, args.block = drafter.cfg, tuple(drafter.cfg.target_layer_ids), drafter.cfg.block_size
+        log(f"drafter: starting from {args.init} (taps {taps}, block {args.block})")
+    else:
+        taps = tuple(args.taps) if args.taps else tuple(sorted({round(1 + i * (n_layers - 3) / max(args.n_taps - 1, 1))
+                                                                 for i in range(args.n_taps)}))
+        dcfg = DrafterConfig(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.hidden_size,
+                             intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
+                             num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
+                             rope_theta=target.cfg.rope_theta, target_layer_ids=taps,
+                             mask_token_id=args.mask_token_id, block_size=args.block, dtype="float32")
+        drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed))
     out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
     if args.data == "corpus":
         eos = (target.cfg.eos_token_ids or (0,))[0]
         stream = np.concatenate([np.concatenate([d, [eos]]) for d in docs]).astype(np.int32)
@@ -993,28 +1022,19 @@ def run_drafter(args) -> int:
         positions = args.window - args.block - (args.prompt_len - 1) + 1
         log(f"data: target features for {done} windows of {args.window} tokens ({done * args.window} tokens)")
     else:
+        # The target's own greedy path after each prompt (saved as made), then its features, cached like the
+        # corpus's: a training step never runs the target.
         prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
-        seqs = np.concatenate([greedy_generate(target, prompts[i:i + args.gen_batch], args.gen_new, args.gen_batch)
-                               for i in range(0, len(prompts), args.gen_batch)])
-        done, positions = len(seqs), args.gen_new - args.block + 2
-        log(f"data: {len(seqs)} greedy continuations")
-    dcfg = DrafterConfig(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.hidden_size,
-                         intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
-                         num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
-                         rope_theta=target.cfg.rope_theta, target_layer_ids=taps, mask_token_id=args.mask_token_id,
-                         block_size=args.block, dtype="float32")
-    drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed))
+        seqs = greedy_sequences(target, prompts, args.gen_new, args.gen_batch, out / "greedy.npy")
+        cache = FeatureCache(out / "greedy_features")
+        done = cache.build(target, seqs.reshape(-1), taps, seqs.shape[1], len(seqs), args.seed,
+                           batch=max(args.gen_batch // 4, 1))
+        positions = args.gen_new - args.block + 2
+        log(f"data: {done} greedy continuations of {args.gen_new} tokens, features cached")
     dgraph, dparams = nnx.split(drafter)
-    gamma = args.gamma or default_gamma(args.block)
-    if args.data == "corpus":
-        loss_fn = drafter_loss_cached(dgraph, gamma, exact=not args.stream_labels)
-        frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
-        batches = cached_batches(cache, done, args.batch, args.block, args.anchors, args.prompt_len - 1,
-                                 args.seed + 1)
-    else:
-        tgraph, frozen = nnx.split(target)
-        loss_fn = drafter_loss(dgraph, tgraph, gamma)
-        batches = drafter_batches(seqs, args.prompt_len - 1, args.batch, args.block, args.anchors, args.seed + 1)
+    loss_fn = drafter_loss_cached(dgraph, args.gamma or default_gamma(args.block), exact=not args.stream_labels)
+    frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
+    batches = cached_batches(cache, done, args.batch, args.block, args.anchors, args.prompt_len - 1, args.seed + 1)
     warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, done, positions), args.max_epochs)
     tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
@@ -1026,6 +1046,43 @@ def run_drafter(args) -> int:
     export_drafter(rebuild(Drafter, dcfg.replace(dtype=args.dtype), tr.params), out / "drafter",
                    num_target_layers=n_layers)
     log(f"drafter: {tr.step} steps, loss {np.mean(tr.losses[-20:]):.4f}; wrote {out / 'drafter'}")
+    return 0
+
+
+def text_docs(tok, paths) -> list[np.ndarray]:
+    """Token ids of each non-empty text file among `paths` (files, or dirs searched for .py/.txt/.md), in order."""
+    files = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"--text {p}: no such file or directory")
+        files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".txt", ".md")) if p.is_dir() else [p]
+    return [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in files) if t]
+
+
+def run_eval(args) -> int:
+    from convert.drafter import load_draft
+    from convert.store import load_model
+    from jaxspec.tokenizer import load_tokenizer
+
+    target = load_model(args.target, dtype=args.dtype)
+    drafter = load_draft(args.draft, dtype=args.dtype)
+    prompts = prompts_from(text_docs(load_tokenizer(args.target), args.text), args.prompts, args.prompt_len, args.seed)
+    with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
+        methods = evaluate(target, drafter, prompts, args.max_new, drafter.cfg.block_size, tuple(args.budgets))
+    result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
+                      "no stop; tau = tokens committed per verify round",
+              "commit": git_commit(), "machine": machine(), "jax": jax.__version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
+              "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
+                          "text": [str(t) for t in args.text]},
+              "methods": methods}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out)
+    log(f"eval: wrote {out}")
     return 0
 
 
@@ -1060,14 +1117,17 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--taps", type=int, nargs="*", help="target layer ids to tap (default: uniform)")
     d.add_argument("--mask-token-id", type=int, required=True)
     d.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7 for B=16)")
+    d.add_argument("--init", help="start from this drafter (z-lab layout or converted) instead of a new one; "
+                                  "its architecture, taps and block are kept and the shape flags are unused")
     d.add_argument("--data", choices=("corpus", "greedy"), default="corpus",
                    help="corpus (default): the target teacher-forced over windows of the text, labels its own "
                         "greedy predictions (features cached in OUT/features); greedy: its greedy continuations "
-                        "of --sequences prompts (slow to make, easy to overfit)")
+                        "of --sequences prompts cut from the text (saved to OUT/greedy.npy as they are made, "
+                        "features cached in OUT/greedy_features; slow to make, easy to overfit)")
     d.add_argument("--window", type=int, default=256, help="corpus: window length (default: %(default)s)")
     d.add_argument("--windows", type=int, default=0, help="corpus: windows to use (default: all of the text)")
     d.add_argument("--stream-labels", action="store_true",
-                   help="corpus: keep block slots after the text leaves the target's greedy path (default: masked)")
+                   help="keep block slots after the text leaves the target's greedy path (default: masked)")
     d.add_argument("--max-epochs", type=float, default=20.0, help="warn above this many passes over the data")
     d.add_argument("--sequences", type=int, default=1024)
     d.add_argument("--prompt-len", type=int, default=64)
@@ -1082,12 +1142,30 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=run_drafter)
+    e = sub.add_parser("eval", help="tau, identity to AR and speed of a target + drafter on prompts cut from text")
+    e.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
+    e.add_argument("--draft", required=True, help="DFlash drafter dir (z-lab layout or converted)")
+    e.add_argument("--text", nargs="+", required=True, help="held-out text files or dirs (.py/.txt/.md)")
+    e.add_argument("--out", required=True, help="results JSON to write")
+    e.add_argument("--prompts", type=int, default=16)
+    e.add_argument("--prompt-len", type=int, default=64)
+    e.add_argument("--max-new", type=int, default=128)
+    e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
+    e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
+    e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    e.set_defaults(func=run_eval)
     return p
 
 
 def main(argv=None) -> int:
+    from convert.hf import CheckpointError
+    from jaxspec.config import ConfigError
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -240,6 +240,76 @@ def test_drafter_subcommand_on_corpus_data(tmp_path):
     assert (tmp_path / "out" / "drafter_loss.png").is_file()
 
 
+def test_greedy_sequences_resume(tmp_path):
+    """Generation saved chunk by chunk: a rerun after an interruption makes only the missing sequences (and the
+    same ones); other prompts start over."""
+    target = tiny_target()
+    prompts = np.random.default_rng(0).integers(2, 320, (5, 6)).astype(np.int32)
+    path = tmp_path / "g.npy"
+    full = train.greedy_sequences(target, prompts, 7, 2, path)
+    assert full.shape == (5, 13) and np.array_equal(full[:, :6], prompts)
+    assert np.array_equal(np.load(path), full)
+    np.save(path, full[:2])                                     # as if stopped after the first chunk
+    calls = []
+    orig = train.greedy_generate
+    train.greedy_generate = lambda m, p, n, b: calls.append(len(p)) or orig(m, p, n, b)
+    try:
+        again = train.greedy_sequences(target, prompts, 7, 2, path)
+        assert calls == [2, 1] and np.array_equal(again, full)
+        calls.clear()
+        other = train.greedy_sequences(target, prompts[::-1].copy(), 7, 2, path)
+        assert calls == [2, 2, 1] and np.array_equal(other[:, :6], prompts[::-1])
+    finally:
+        train.greedy_generate = orig
+
+
+@pytest.mark.slow
+def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
+    """`drafter --data greedy --init D`: greedy continuations saved and their features cached, training starts
+    from D's weights (its architecture, whatever the shape flags say) and exports the same architecture."""
+    from convert.drafter import load_drafter
+    from jaxspec.export import export_drafter, export_target
+    texts = [f"def g{i}(y):\n    return y * {i}\n\n" * 10 for i in range(12)]
+    tok = train.train_tokenizer(texts, 320)
+    target = tiny_target()
+    export_target(target, tmp_path / "target")
+    train.save_tokenizer(tok, tmp_path / "target")
+    (tmp_path / "text.py").write_text("".join(texts))
+    init = tiny_drafter((FULL,), block=4, scale=True)
+    export_drafter(init, tmp_path / "init", num_target_layers=target.cfg.num_layers)
+    args = ["drafter", "--target", str(tmp_path / "target"), "--text", str(tmp_path / "text.py"), "--out",
+            str(tmp_path / "out"), "--init", str(tmp_path / "init"), "--mask-token-id", "7", "--layers", "3",
+            "--data", "greedy", "--sequences", "6", "--prompt-len", "8", "--gen-new", "12", "--gen-batch", "4",
+            "--batch", "2", "--anchors", "3", "--steps", "1", "--lr", "1e-9", "--dtype", "float32"]
+    assert train.main(args) == 0
+    seqs = np.load(tmp_path / "out" / "greedy.npy")
+    assert seqs.shape == (6, 20)
+    meta = json.loads((tmp_path / "out" / "greedy_features" / "meta.json").read_text())
+    assert meta["done"] == meta["windows"] == 6 and meta["window"] == 20 and meta["taps"] == [0, 2]
+    d = load_drafter(tmp_path / "out" / "drafter", dtype="float32")
+    assert d.cfg == init.cfg
+    # one step at lr 1e-9 from the init: the weights are the init's, not a fresh drafter's
+    for a, b in zip(jax.tree.leaves(nnx.state(d)), jax.tree.leaves(nnx.state(init))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    bad = tiny_drafter((FULL,), block=4)
+    bad_dir = tmp_path / "bad"
+    export_drafter(bad, bad_dir, num_target_layers=target.cfg.num_layers)
+    cfg = json.loads((bad_dir / "config.json").read_text())
+    cfg["hidden_size"] = 2 * cfg["hidden_size"]
+    (bad_dir / "config.json").write_text(json.dumps(cfg))
+    assert train.main(args[:7] + ["--init", str(bad_dir)] + args[9:]) == 2
+    # the held-out evaluation of the pair: every method token-identical to AR, tau >= 1
+    res = tmp_path / "eval" / "r.json"
+    assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
+                       "--text", str(tmp_path / "text.py"), "--out", str(res), "--prompts", "2", "--prompt-len", "8",
+                       "--max-new", "6", "--budgets", "4"]) == 0
+    m = json.loads(res.read_text())["methods"]
+    assert set(m) == {"ar", "dflash", "ddtree_b4"} and m["ar"]["tau"] == 1.0 and m["ar"]["tokens"] == 12
+    assert all(m[k]["identical_to_ar"] and m[k]["tau"] >= 1.0 for k in ("dflash", "ddtree_b4"))
+    assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
+                       "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
+
+
 # ------------------------------------------------------------------------------------------------
 # The loop
 
