@@ -341,8 +341,10 @@ def drafter_block_logits(drafter: Drafter, taps, tokens, anchors, embed, lm_head
 
 
 def drafter_loss(drafter_graphdef, target_graphdef, gamma: float):
-    """The DFlash loss. frozen = the target's params (embedding and lm_head included); batch
-    {"tokens": [b, t], "anchors": [b, A]}. The target's taps are computed under stop_gradient."""
+    """The DFlash loss as the recipe states it, the target run inside every step (the CLIs train on cached
+    features with `drafter_loss_cached`, which the tests check against this). frozen = the target's params
+    (embedding and lm_head included); batch {"tokens": [b, t], "anchors": [b, A]}. The target's taps are
+    computed under stop_gradient; labels are the tokens themselves."""
     def loss(params, frozen, batch):
         drafter = nnx.merge(drafter_graphdef, params)
         target = nnx.merge(target_graphdef, frozen)
@@ -1064,9 +1066,18 @@ def run_eval(args) -> int:
     from convert.store import load_model
     from jaxspec.tokenizer import load_tokenizer
 
+    from jaxspec.config import ConfigError
+    for flag, v in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
+                    ("--budgets", min(args.budgets, default=1))):
+        if v < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
     target = load_model(args.target, dtype=args.dtype)
     drafter = load_draft(args.draft, dtype=args.dtype)
-    prompts = prompts_from(text_docs(load_tokenizer(args.target), args.text), args.prompts, args.prompt_len, args.seed)
+    try:
+        prompts = prompts_from(text_docs(load_tokenizer(args.target), args.text), args.prompts, args.prompt_len,
+                               args.seed)
+    except ValueError as e:
+        raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
         methods = evaluate(target, drafter, prompts, args.max_new, drafter.cfg.block_size, tuple(args.budgets))
     result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
@@ -1103,7 +1114,7 @@ def parser() -> argparse.ArgumentParser:
                         "of prompts, or both (mixed, the default)")
     a.add_argument("--part-mb", type=int, default=15, help="size of each pair.tar part (default: %(default)s MiB)")
     a.set_defaults(func=run_pair)
-    d = sub.add_parser("drafter", help="train a DFlash drafter for an existing target on its greedy generations")
+    d = sub.add_parser("drafter", help="train (or continue, --init) a DFlash drafter for an existing target")
     d.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
     d.add_argument("--text", nargs="+", required=True, help="text files or dirs (.py/.txt/.md) to cut prompts from")
     d.add_argument("--out", required=True, help="writes OUT/drafter (z-lab layout), OUT/ckpt, OUT/drafter_loss.png")
@@ -1147,9 +1158,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--draft", required=True, help="DFlash drafter dir (z-lab layout or converted)")
     e.add_argument("--text", nargs="+", required=True, help="held-out text files or dirs (.py/.txt/.md)")
     e.add_argument("--out", required=True, help="results JSON to write")
-    e.add_argument("--prompts", type=int, default=16)
-    e.add_argument("--prompt-len", type=int, default=64)
-    e.add_argument("--max-new", type=int, default=128)
+    e.add_argument("--prompts", type=int, default=16, help="prompts cut from the text (default: %(default)s)")
+    e.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: %(default)s)")
+    e.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
     e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
     e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))

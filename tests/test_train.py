@@ -308,6 +308,8 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
     assert all(m[k]["identical_to_ar"] and m[k]["tau"] >= 1.0 for k in ("dflash", "ddtree_b4"))
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
+    assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
+                       "--text", str(tmp_path / "text.py"), "--out", str(res), "--prompt-len", "100000"]) == 2
 
 
 # ------------------------------------------------------------------------------------------------
