@@ -153,6 +153,7 @@ class Trainer:
         self.opt_state = jax.device_put(adamw_init(params), rep)
         self.step = 0
         self.losses: list[float] = []
+        self._pending: list = []
         self.ckpt_dir = Path(ckpt_dir).absolute() if ckpt_dir else None
         self._mgr = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
@@ -175,6 +176,7 @@ class Trainer:
         return {"params": leaves(self.params), "m": leaves(self.opt_state["m"]), "v": leaves(self.opt_state["v"])}
 
     def save(self):
+        self.flush()
         mgr = self._manager()
         if mgr is None or (mgr.latest_step() == self.step):
             return
@@ -207,37 +209,61 @@ class Trainer:
         return True
 
     # -- the loop --
-    def run_step(self) -> float:
-        batch = jax.device_put({k: np.asarray(v) for k, v in self.batch_at(self.step).items()}, self.data_sharding)
+    def _load(self, step: int):
+        return jax.device_put({k: np.asarray(v) for k, v in self.batch_at(step).items()}, self.data_sharding)
+
+    def run_step(self, batch=None):
+        """One step (on `batch`, else batch_at(step)); returns the loss as a device scalar, not waited for.
+        The losses reach `self.losses` (as floats) at the next `flush`."""
+        batch = self._load(self.step) if batch is None else batch
         sched = jnp.asarray([self.steps, self.warmup], jnp.float32)
         self.params, self.opt_state, loss, gnorm, lr = self._step_fn(
             self.params, self.opt_state, self.frozen, batch, jnp.asarray(self.step, jnp.int32), sched)
         self._last = (loss, gnorm, lr)
+        self._pending.append(loss)
         self.step += 1
-        loss = float(loss)
-        self.losses.append(loss)
         return loss
 
+    def flush(self) -> list[float]:
+        """Wait for the steps dispatched so far; move their losses to `self.losses`; raise on a non-finite one."""
+        got = [float(x) for x in jax.device_get(self._pending)]
+        first = self.step - len(got)
+        self._pending = []
+        self.losses += got
+        for i, loss in enumerate(got):
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"{self.name}: loss {loss} at step {first + i + 1}")
+        return got
+
     def run(self, deadline: float | None = None, max_steps: int | None = None) -> list[float]:
-        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint on exit."""
+        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint on exit.
+        The next batch is read and sent to the devices on a host thread while the current step runs, and
+        the host waits for the devices only every `log_every` steps."""
+        from concurrent.futures import ThreadPoolExecutor
         t0, s0 = time.perf_counter(), self.step
         stop = self.steps if max_steps is None else min(self.steps, self.step + max_steps)
         try:
-            while self.step < stop:
-                loss = self.run_step()
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"{self.name}: loss {loss} at step {self.step}")
-                if self.step % self.log_every == 0 or self.step == stop:
-                    _, gnorm, lr = self._last
-                    rate = (self.step - s0) / max(time.perf_counter() - t0, 1e-9)
-                    log(f"{self.name}: step {self.step}/{self.steps} loss {np.mean(self.losses[-self.log_every:]):.4f} "
-                        f"|g| {float(gnorm):.3f} lr {float(lr):.2e} ({rate:.1f} steps/s)")
-                if self.ckpt_every and self.step % self.ckpt_every == 0 and self.step < stop:
-                    self.save()
-                if deadline is not None and time.time() > deadline:
-                    log(f"{self.name}: time budget reached at step {self.step}/{self.steps}")
-                    break
+            with ThreadPoolExecutor(1) as pool:
+                nxt = pool.submit(self._load, self.step) if self.step < stop else None
+                while self.step < stop:
+                    batch = nxt.result()
+                    nxt = pool.submit(self._load, self.step + 1) if self.step + 1 < stop else None
+                    self.run_step(batch)
+                    if self.step % self.log_every == 0 or self.step == stop:
+                        self.flush()
+                        _, gnorm, lr = self._last
+                        rate = (self.step - s0) / max(time.perf_counter() - t0, 1e-9)
+                        log(f"{self.name}: step {self.step}/{self.steps} loss {np.mean(self.losses[-self.log_every:]):.4f} "
+                            f"|g| {float(gnorm):.3f} lr {float(lr):.2e} ({rate:.1f} steps/s)")
+                    if self.ckpt_every and self.step % self.ckpt_every == 0 and self.step < stop:
+                        self.save()
+                    if deadline is not None and time.time() > deadline:
+                        log(f"{self.name}: time budget reached at step {self.step}/{self.steps}")
+                        break
+                if nxt is not None:
+                    nxt.cancel()
         finally:
+            self.flush()
             self.save()
         return self.losses
 
@@ -247,10 +273,12 @@ def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 5, cap: int |
     (counting those already run). The probe steps use the trainer's schedule for its current `steps`;
     callers set `steps` to a generous upper bound first, so warm-up is unaffected."""
     t_start = time.perf_counter()
-    trainer.run_step()                                   # compiles
+    float(trainer.run_step())                            # compiles
     t1 = time.perf_counter()
     for _ in range(probe):
-        trainer.run_step()
+        loss = trainer.run_step()
+    float(loss)
+    trainer.flush()
     per = (time.perf_counter() - t1) / probe
     left = seconds - (time.perf_counter() - t_start)
     n = trainer.step + max(int(left / max(per, 1e-6)), 1)
@@ -1041,8 +1069,12 @@ def run_drafter(args) -> int:
     tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
                  ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter")
-    tr.restore()
+    resumed = tr.restore()
     deadline = t_start + args.time_budget_s if args.time_budget_s else None
+    if deadline is not None and not resumed:
+        # Fit the schedule to the time left (keeping ~5% for the export), so that it completes its decay.
+        tr.steps = calibrate_steps(tr, 0.95 * (deadline - time.time()), cap=args.steps)
+        tr.warmup = max(1, int(0.04 * tr.steps))
     tr.run(deadline=deadline)
     loss_curve_png(out / "drafter_loss.png", tr.losses)
     export_drafter(rebuild(Drafter, dcfg.replace(dtype=args.dtype), tr.params), out / "drafter",
@@ -1149,7 +1181,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=2000)
     d.add_argument("--lr", type=float, default=6e-4)
     d.add_argument("--ckpt-every", type=int, default=200)
-    d.add_argument("--time-budget-s", type=float, default=None)
+    d.add_argument("--time-budget-s", type=float, default=None,
+                   help="wall-clock budget of the whole command: a fresh run times a few steps after the data is "
+                        "ready and sets its step count (at most --steps) so that the schedule ends in time; "
+                        "a resumed run keeps its own and stops at the budget")
     d.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=run_drafter)
