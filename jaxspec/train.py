@@ -235,8 +235,9 @@ class Trainer:
                 raise FloatingPointError(f"{self.name}: loss {loss} at step {first + i + 1}")
         return got
 
-    def run(self, deadline: float | None = None, max_steps: int | None = None) -> list[float]:
-        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint on exit.
+    def run(self, deadline: float | None = None, max_steps: int | None = None, save: bool = True) -> list[float]:
+        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint on exit
+        (unless not `save`).
         The next batch is read and sent to the devices on a host thread while the current step runs, and
         the host waits for the devices only every `log_every` steps."""
         from concurrent.futures import ThreadPoolExecutor
@@ -264,21 +265,20 @@ class Trainer:
                     nxt.cancel()
         finally:
             self.flush()
-            self.save()
+            if save:
+                self.save()
         return self.losses
 
 
-def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 5, cap: int | None = None) -> int:
-    """Time `probe` steps after the compiling first one and return how many steps fit in `seconds`
-    (counting those already run). The probe steps use the trainer's schedule for its current `steps`;
-    callers set `steps` to a generous upper bound first, so warm-up is unaffected."""
+def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 20, cap: int | None = None) -> int:
+    """Time `probe` steps of the training loop after the compiling first one and return how many steps fit
+    in `seconds` (counting those already run). The probe steps use the trainer's schedule for its current
+    `steps`; callers set `steps` to a generous upper bound first, so warm-up is unaffected."""
     t_start = time.perf_counter()
     float(trainer.run_step())                            # compiles
-    t1 = time.perf_counter()
-    for _ in range(probe):
-        loss = trainer.run_step()
-    float(loss)
     trainer.flush()
+    t1 = time.perf_counter()
+    trainer.run(max_steps=probe, save=False)             # the loop as it runs: batches made while steps run
     per = (time.perf_counter() - t1) / probe
     left = seconds - (time.perf_counter() - t_start)
     n = trainer.step + max(int(left / max(per, 1e-6)), 1)
