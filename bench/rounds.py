@@ -117,7 +117,9 @@ def back_to_back(fn, args, k=20, warmup=3, thread=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.rounds", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
+    ap.add_argument("--config", default="tiny",
+                    help="'real' (Qwen3.6-27B + z-lab drafter shape), 'demo' (the demo pair's shapes, "
+                         "jaxspec/demo) or 'tiny'")
     ap.add_argument("--context", default="1024",
                     help="committed tokens before the timed rounds; a comma list (1024,32768,131072) times every "
                          "phase at each, with one cache length (the largest) so each function compiles once")
@@ -131,6 +133,11 @@ def main(argv=None):
     ap.add_argument("--rounds-only", action="store_true",
                     help="skip the standalone verify / accept+commit / tree-build timings (the whole rounds, the AR "
                          "step and the draft steps still run): about half the run time")
+    ap.add_argument("--max-len", type=int, default=None,
+                    help="cache slots (default: room for long runs at every context). The reference attention "
+                         "and the drafter read every slot, so a short generation's cost needs a short cache")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="weights and activations (default: %(default)s; CPUs run float32 faster)")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
     groups = {g for g in args.phases.split(",") if g}
@@ -138,8 +145,15 @@ def main(argv=None):
         ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
                  "choose from ar,dflash,ddtree,mtp")
 
-    _, cfg = H.resolve_config(args.config, "bfloat16")
-    dcfg = qwen36_27b_dflash() if args.config == "real" else tiny_drafter(cfg)
+    if args.config == "demo":
+        # The demo pair's shapes (jaxspec/demo: the trained target and drafter's configs; random weights).
+        from jaxspec.drafter_config import load_drafter_config
+        from jaxspec.generate import demo_dir
+        _, cfg = H.resolve_config(str(demo_dir() / "target" / "config.json"), args.dtype)
+        dcfg = load_drafter_config(demo_dir() / "drafter" / "config.json", dtype=args.dtype)
+    else:
+        _, cfg = H.resolve_config(args.config, args.dtype)
+        dcfg = qwen36_27b_dflash(args.dtype) if args.config == "real" else tiny_drafter(cfg)
     budgets = [int(b) for b in args.budgets.split(",") if b]
     bs = dcfg.block_size
     try:
@@ -148,7 +162,12 @@ def main(argv=None):
         ap.error(f"--context: expected integers separated by commas, got {args.context!r}")
     if not contexts or min(contexts) < 1:
         ap.error(f"--context: expected positive token counts, got {args.context!r}")
-    max_len = max(contexts) + 64 * args.rounds * 8 + 1100
+    # Room for the timed calls: k commits of up to a block each, the rounds, the largest tree.
+    need = max(contexts) + (args.k + 1) * bs + args.rounds * (max([args.round_budget, bs] + budgets) + 1) + 2
+    max_len = args.max_len or max(max(contexts) + 64 * args.rounds * 8 + 1100, need)
+    if max_len < need:
+        ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context + (k + 1) blocks + rounds x "
+                 f"largest tree)")
     result = dict(kind="rounds", config=args.config, context=contexts[0] if len(contexts) == 1 else contexts,
                   max_len=max_len, block_size=bs, git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat())
