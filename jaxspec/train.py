@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import datetime
 import glob
+import hashlib
 import json
 import math
 import os
@@ -442,11 +443,29 @@ def target_features_fn(target: Qwen35, tap_ids: tuple):
     return lambda tokens: f(state, jnp.asarray(tokens, jnp.int32))
 
 
+def model_fingerprint(model) -> str:
+    """A short digest of a model's parameters (each one's path, shape and a strided sample of up to 4096 of its
+    values, as float32): tells whether saved data was made by this very model."""
+    h = hashlib.sha1()
+    leaves, _ = jax.tree_util.tree_flatten_with_path(nnx.state(model))
+    for path, x in sorted(leaves, key=lambda t: jax.tree_util.keystr(t[0])):
+        sample = np.asarray(jax.device_get(jnp.ravel(x)[::max(1, x.size // 4096)]), np.float32)
+        h.update(f"{jax.tree_util.keystr(path)}{tuple(x.shape)};".encode())
+        h.update(sample.tobytes())
+    return h.hexdigest()[:16]
+
+
+def array_digest(a: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+
+
 class FeatureCache:
     """On-disk cache of teacher-forced target features for fixed windows of a token stream:
     tokens [N, W] int32, greedy [N, W] int32 (the target's argmax for position p + 1 given tokens[..p]) and
     taps [N, W, n_taps, D] float16, as numpy memmaps in `path`, with meta.json holding how many windows are
-    done. `build` fills it in order and can be interrupted and resumed; readers use the first `done` windows."""
+    done. `build` fills it in order and can be interrupted and resumed; readers use the first `done` windows.
+    meta.json also records the stream's digest and the target's fingerprint: a cache made from other
+    tokens or by another target is made again, never reused."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -470,7 +489,10 @@ class FeatureCache:
         starts = corpus_windows(stream, window, seed)[:n_windows]
         want = {"windows": int(len(starts)), "window": int(window), "n_taps": len(tap_ids),
                 "hidden": int(target.cfg.hidden_size), "taps": list(map(int, tap_ids)), "seed": int(seed),
-                "stream_tokens": int(len(stream))}
+                "stream_tokens": int(len(stream)), "stream_sha1": array_digest(stream.astype(np.int32)),
+                "target": model_fingerprint(target)}
+        if self.meta is not None and self.meta.get("target", want["target"]) != want["target"]:
+            log(f"features: {self.path} holds another target's features; making them again")
         if self.meta is None or any(self.meta.get(k) != v for k, v in want.items()):
             self.path.mkdir(parents=True, exist_ok=True)
             self.meta = dict(want, done=0)
@@ -634,10 +656,11 @@ def encode_files(tok, files: list[Path]) -> list[np.ndarray]:
     return [np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)]
 
 
-def greedy_generate(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int) -> np.ndarray:
-    """Greedy continuations [N, P + max_new] of prompts [N, P], through the engine (AR, batched, no stop)."""
+def greedy_generate(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int, engine=None) -> np.ndarray:
+    """Greedy continuations [N, P + max_new] of prompts [N, P], through the engine (AR, batched, no stop).
+    Pass the `engine` of an earlier call to reuse its compiled functions (a new one compiles them again)."""
     from jaxspec.engine import Engine
-    eng = Engine(model, stop_tokens=())
+    eng = engine or Engine(model, stop_tokens=())
     out = []
     p = prompts.shape[1]
     for i in range(0, len(prompts), batch):
@@ -653,18 +676,34 @@ def greedy_generate(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int
 def greedy_sequences(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int, path: Path,
                      deadline: float | None = None) -> np.ndarray:
     """`greedy_generate` in chunks of `batch` prompts, the sequences so far saved to `path` (.npy) after each
-    chunk, so a rerun with the same prompts continues where an interrupted one stopped. Stops early (fewer
-    sequences) at the wall-clock `deadline`."""
+    chunk, so a rerun with the same prompts and target continues where an interrupted one stopped (the
+    target's fingerprint is kept beside it, in path.with_suffix(".json")). Stops early (fewer sequences) at
+    the wall-clock `deadline`."""
     n, p = prompts.shape
     seqs = np.zeros((0, p + max_new), np.int32)
+    meta_path = path.with_suffix(".json")
+    target = model_fingerprint(model)
     if path.exists():
         prev = np.load(path)
-        if prev.shape[1] == p + max_new and len(prev) <= n and np.array_equal(prev[:, :p], prompts[:len(prev)]):
+        made_by = json.loads(meta_path.read_text()).get("target") if meta_path.exists() else None
+        if made_by != target:
+            log(f"greedy: {path} was made by {'another target' if made_by else 'an unrecorded target'}; "
+                f"starting over")
+        elif prev.shape[1] == p + max_new and len(prev) <= n and np.array_equal(prev[:, :p], prompts[:len(prev)]):
             seqs = prev
             log(f"greedy: resuming at {len(seqs)}/{n} sequences from {path}")
+    if len(seqs) < n:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not len(seqs):
+            path.unlink(missing_ok=True)        # never left beside the new target's fingerprint
+        meta_tmp = meta_path.with_suffix(".json.tmp")
+        meta_tmp.write_text(json.dumps({"target": target}))
+        os.replace(meta_tmp, meta_path)
+    from jaxspec.engine import Engine
+    eng = Engine(model, stop_tokens=())     # one engine: its round loop compiles once, not once per chunk
     t0, i0 = time.time(), len(seqs)
     for i in range(len(seqs), n, batch):
-        seqs = np.concatenate([seqs, greedy_generate(model, prompts[i:i + batch], max_new, batch)])
+        seqs = np.concatenate([seqs, greedy_generate(model, prompts[i:i + batch], max_new, batch, engine=eng)])
         tmp = path.with_name(path.stem + ".tmp.npy")
         np.save(tmp, seqs)
         os.replace(tmp, path)
