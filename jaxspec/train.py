@@ -603,6 +603,22 @@ def warn_epochs(name: str, epochs: float, limit: float) -> None:
             f"(--data corpus, more --sequences) or fewer steps")
 
 
+def grow_drafter(drafter: Drafter, extra_layers: int, seed: int = 0) -> Drafter:
+    """`drafter` with `extra_layers` more layers (of its last layer's type) after its own, each starting as the
+    identity: random weights but zero output projections (o_proj, down_proj), so the residual stream passes
+    through unchanged and the grown drafter drafts exactly as the old one until training moves them."""
+    cfg = drafter.cfg
+    grown_cfg = cfg.replace(layer_types=cfg.layer_types + (cfg.layer_types[-1],) * extra_layers)
+    grown = Drafter(grown_cfg, rngs=nnx.Rngs(seed))
+    grown.fc, grown.hidden_norm, grown.norm = drafter.fc, drafter.hidden_norm, drafter.norm
+    for i, layer in enumerate(drafter.layers):
+        grown.layers[i] = layer
+    for layer in list(grown.layers)[cfg.num_layers:]:
+        for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            lin.kernel[...] = jnp.zeros_like(lin.kernel[...])
+    return grown
+
+
 def trainable_drafter_params(drafter: Drafter):
     return nnx.split(drafter)
 
@@ -1058,6 +1074,12 @@ def run_drafter(args) -> int:
     from jaxspec.plot import loss_curve_png
     from jaxspec.tokenizer import load_tokenizer
 
+    from jaxspec.config import ConfigError
+
+    if args.grow_layers and not args.init:
+        raise ConfigError("--grow-layers needs --init (the drafter to grow)")
+    if args.grow_layers < 0:
+        raise ConfigError(f"--grow-layers must be >= 0, got {args.grow_layers}")
     t_start = time.time()
     target = load_model(args.target, dtype="float32")
     docs = text_docs(load_tokenizer(args.target), args.text)
@@ -1068,8 +1090,11 @@ def run_drafter(args) -> int:
         from jaxspec.drafter_config import check_pair
         drafter = load_draft(args.init, dtype="float32")
         check_pair(drafter.cfg, target.cfg)
+        if args.grow_layers:
+            drafter = grow_drafter(drafter, args.grow_layers, args.seed)
         dcfg, taps, args.block = drafter.cfg, tuple(drafter.cfg.target_layer_ids), drafter.cfg.block_size
-        log(f"drafter: starting from {args.init} (taps {taps}, block {args.block})")
+        log(f"drafter: starting from {args.init} (taps {taps}, block {args.block}"
+            + (f"; {args.grow_layers} identity layers appended: {dcfg.num_layers} layers)" if args.grow_layers else ")"))
     else:
         taps = tuple(args.taps) if args.taps else tuple(sorted({round(1 + i * (n_layers - 3) / max(args.n_taps - 1, 1))
                                                                  for i in range(args.n_taps)}))
@@ -1201,6 +1226,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7 for B=16)")
     d.add_argument("--init", help="start from this drafter (z-lab layout or converted) instead of a new one; "
                                   "its architecture, taps and block are kept and the shape flags are unused")
+    d.add_argument("--grow-layers", type=int, default=0,
+                   help="with --init: append this many layers, each starting as the identity (zero output "
+                        "projections), so training starts from the --init drafter's own drafts (default: 0)")
     d.add_argument("--data", choices=("corpus", "greedy"), default="corpus",
                    help="corpus (default): the target teacher-forced over windows of the text, labels its own "
                         "greedy predictions (features cached in OUT/features); greedy: its greedy continuations "

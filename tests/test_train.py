@@ -319,6 +319,12 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
     # one step at lr 1e-9 from the init: the weights are the init's, not a fresh drafter's
     for a, b in zip(jax.tree.leaves(nnx.state(d)), jax.tree.leaves(nnx.state(init))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    # --grow-layers 1: the init's layers plus one; without --init it is refused
+    grown_args = [a if a != str(tmp_path / "out") else str(tmp_path / "grown") for a in args] + ["--grow-layers", "1"]
+    assert train.main(grown_args) == 0
+    grown = load_drafter(tmp_path / "grown" / "drafter", dtype="float32")
+    assert grown.cfg.num_layers == init.cfg.num_layers + 1
+    assert train.main(args[:7] + args[9:] + ["--grow-layers", "1"]) == 2
     bad = tiny_drafter((FULL,), block=4)
     bad_dir = tmp_path / "bad"
     export_drafter(bad, bad_dir, num_target_layers=target.cfg.num_layers)
@@ -338,6 +344,34 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
                        "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "text.py"), "--out", str(res), "--prompt-len", "100000"]) == 2
+
+
+def test_grow_drafter_drafts_as_before_and_trains_the_new_layers():
+    """--grow-layers: appended layers start as the identity (the drafts are the old drafter's), and the
+    gradient reaches them."""
+    d = tiny_drafter((FULL, SLIDING), block=4, scale=True)
+    target = tiny_target()
+    g = train.grow_drafter(d, 2, seed=5)
+    assert g.cfg.layer_types == (FULL, SLIDING, SLIDING, SLIDING) and g.cfg.num_layers == 4
+    taps = jax.random.normal(jax.random.key(0), (2, 7, 2, d.cfg.hidden_size))
+    embed, head = target.embed_tokens[...], target.unembedding()
+    anchor = jnp.asarray([3, 9], jnp.int32)
+
+    def draft(m):
+        return m.draft(m.add_context(m.init_cache(2, 16), taps, jnp.asarray([7, 5])), anchor, embed, head)
+    np.testing.assert_allclose(draft(g), draft(d), rtol=1e-6, atol=1e-6)
+    # The check can fail: one new layer that is not the identity changes the drafts.
+    h = train.grow_drafter(d, 2, seed=5)
+    o = h.layers[3].self_attn.o_proj
+    o.kernel[...] = 0.3 * jax.random.normal(jax.random.key(2), o.kernel[...].shape)
+    assert float(jnp.abs(draft(h) - draft(d)).max()) > 1e-3
+    gd, gp = nnx.split(g)
+    w = jax.random.normal(jax.random.key(1), draft(g).shape)
+    grads = jax.grad(lambda p: jnp.sum(draft(nnx.merge(gd, p)) * w))(gp)
+    for layer in (2, 3):
+        for kernel in (grads["layers"][layer]["self_attn"]["o_proj"]["kernel"],
+                       grads["layers"][layer]["mlp"]["down_proj"]["kernel"]):
+            assert float(jnp.abs(kernel[...]).max()) > 0
 
 
 # ------------------------------------------------------------------------------------------------
