@@ -821,6 +821,14 @@ def make_drafter_config(s: PairSizes, tcfg: TargetConfig, mask_id: int, dtype="f
 # Evaluation
 
 
+def accept_by_depth(hist) -> list[float]:
+    """From rounds by tokens emitted (hist[n]: rounds that emitted n = accepted drafts + 1): per draft depth
+    d = 1, 2, ..., the share of the rounds that reached depth d whose draft at depth d was accepted,
+    P(n >= d + 1 | n >= d); up to the deepest depth some round reached."""
+    reach = np.cumsum(np.asarray(hist, np.int64)[::-1])[::-1]          # reach[n] = rounds with >= n tokens
+    return [float(reach[d + 1] / reach[d]) for d in range(1, len(reach) - 1) if reach[d] > 0]
+
+
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
              deadline: float | None = None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
@@ -849,7 +857,8 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
         rounds = int(hist.sum())
         tau = float((hist * np.arange(len(hist))).sum() / rounds) if rounds else 0.0
         entry = {"tau": tau, "rounds": rounds, "tokens": int(sum(len(t) for t in toks)), "decode_s": decode,
-                 "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s}
+                 "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s,
+                 "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist)}
         if name == "ar":
             ar_tokens = toks
         else:

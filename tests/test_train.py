@@ -340,10 +340,21 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
     m = json.loads(res.read_text())["methods"]
     assert set(m) == {"ar", "dflash", "ddtree_b4"} and m["ar"]["tau"] == 1.0 and m["ar"]["tokens"] == 12
     assert all(m[k]["identical_to_ar"] and m[k]["tau"] >= 1.0 for k in ("dflash", "ddtree_b4"))
+    for k, e in m.items():      # the histogram behind tau, and the per-depth acceptance derived from it
+        h = np.asarray(e["rounds_by_tokens"])
+        assert h.sum() == e["rounds"] and np.isclose((h * np.arange(len(h))).sum() / h.sum(), e["tau"])
+        assert e["accept_by_depth"] == train.accept_by_depth(h)
+    assert m["ar"]["accept_by_depth"] == []
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "text.py"), "--out", str(res), "--prompt-len", "100000"]) == 2
+
+
+def test_accept_by_depth():
+    # 31 rounds: 6 emitted 1 token (no draft accepted), 18 emitted 2, 7 emitted 3.
+    assert train.accept_by_depth([0, 6, 18, 7]) == [25 / 31, 7 / 25]
+    assert train.accept_by_depth([0, 5]) == [] and train.accept_by_depth([0, 0, 4, 0]) == [1.0, 0.0]
 
 
 def test_grow_drafter_drafts_as_before_and_trains_the_new_layers():
