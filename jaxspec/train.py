@@ -829,6 +829,21 @@ def accept_by_depth(hist) -> list[float]:
     return [float(reach[d + 1] / reach[d]) for d in range(1, len(reach) - 1) if reach[d] > 0]
 
 
+def greedy_confidence(target: Qwen35, prompts: np.ndarray, continuations: list[list[int]]) -> dict:
+    """How sure the target is of its own greedy tokens: its top-1 probability at each generated position
+    (mean, median, shares above 0.9 and at most 0.5). A drafter matches a confident target's argmax far
+    more often than a hesitant one's, so this bounds what acceptance lengths can be hoped for."""
+    n = min(len(c) for c in continuations)
+    if n < 2:
+        return {}
+    seqs = np.concatenate([prompts, np.asarray([c[:n] for c in continuations], np.int32)], 1)
+    b, t = seqs.shape
+    logits, _, _, _ = target(jnp.asarray(seqs), init_state(target.cfg, b, t), trees.chain(b, t))
+    p = np.asarray(jnp.max(jax.nn.softmax(logits[:, prompts.shape[1] - 1:-1].astype(jnp.float32), -1), -1))
+    return {"positions": int(p.size), "mean_p_max": float(p.mean()), "median_p_max": float(np.median(p)),
+            "share_above_0.9": float((p > 0.9).mean()), "share_at_most_0.5": float((p <= 0.5).mean())}
+
+
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
              deadline: float | None = None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
@@ -861,6 +876,7 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
                  "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist)}
         if name == "ar":
             ar_tokens = toks
+            entry["target_confidence"] = greedy_confidence(target, prompts, toks)
         else:
             same = [a == b for a, b in zip(ar_tokens, toks)]
             entry["identical_to_ar"] = all(same)

@@ -345,6 +345,8 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
         assert h.sum() == e["rounds"] and np.isclose((h * np.arange(len(h))).sum() / h.sum(), e["tau"])
         assert e["accept_by_depth"] == train.accept_by_depth(h)
     assert m["ar"]["accept_by_depth"] == []
+    conf = m["ar"]["target_confidence"]
+    assert conf["positions"] == 2 * 6 and 1 / 320 <= conf["median_p_max"] <= 1 and 0 <= conf["share_above_0.9"] <= 1
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
