@@ -829,19 +829,52 @@ def accept_by_depth(hist) -> list[float]:
     return [float(reach[d + 1] / reach[d]) for d in range(1, len(reach) - 1) if reach[d] > 0]
 
 
-def greedy_confidence(target: Qwen35, prompts: np.ndarray, continuations: list[list[int]]) -> dict:
-    """How sure the target is of its own greedy tokens: its top-1 probability at each generated position
-    (mean, median, shares above 0.9 and at most 0.5). A drafter matches a confident target's argmax far
-    more often than a hesitant one's, so this bounds what acceptance lengths can be hoped for."""
+CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
+
+
+def first_draft_agreement(target: Qwen35, drafter: Drafter, seqs: np.ndarray, start: int):
+    """seqs [b, t]: conf [b, t], the target's top-1 probability after each prefix (of token j + 1), and agree
+    [b, t - 1 - start]: for each anchor a >= start, whether the drafter's first draft from context
+    seqs[:, :a] and anchor seqs[:, a] is seqs[:, a + 1] (what a DFlash round at that point accepts first)."""
+    b, t = seqs.shape
+    logits, taps, _, _ = target(jnp.asarray(seqs), init_state(target.cfg, b, t), trees.chain(b, t),
+                                taps=tuple(drafter.cfg.target_layer_ids))
+    conf = np.asarray(jnp.max(jax.nn.softmax(logits.astype(jnp.float32), -1), -1))
+    embed, head = target.embed_tokens[...], target.unembedding()
+
+    @jax.jit
+    def first_draft(a):
+        cache = drafter.add_context(drafter.init_cache(b, t), taps, jnp.full((b,), a, jnp.int32))
+        return jnp.argmax(drafter.draft(cache, jnp.asarray(seqs)[:, a], embed, head)[:, 0], -1)
+
+    agree = np.stack([np.asarray(first_draft(a)) == seqs[:, a + 1] for a in range(start, t - 1)], 1)
+    return conf, agree
+
+
+def greedy_diagnostics(target: Qwen35, drafter: Drafter, prompts: np.ndarray,
+                       continuations: list[list[int]]) -> dict:
+    """Is it the drafter or the target? Along the target's greedy continuations of the prompts:
+    `target_confidence`: the target's top-1 probability of each of its own tokens (mean, median, shares above
+    0.9 and at most 0.5): a hesitant target's argmax is hard for any drafter to match. `depth1_agreement`:
+    at every position a of the continuations, does the drafter's first draft (context strictly before a,
+    block [token a, MASK...]) equal the target's token a + 1: overall and per bin of the target's confidence
+    in that token (CONFIDENCE_BINS)."""
     n = min(len(c) for c in continuations)
     if n < 2:
         return {}
     seqs = np.concatenate([prompts, np.asarray([c[:n] for c in continuations], np.int32)], 1)
-    b, t = seqs.shape
-    logits, _, _, _ = target(jnp.asarray(seqs), init_state(target.cfg, b, t), trees.chain(b, t))
-    p = np.asarray(jnp.max(jax.nn.softmax(logits[:, prompts.shape[1] - 1:-1].astype(jnp.float32), -1), -1))
-    return {"positions": int(p.size), "mean_p_max": float(p.mean()), "median_p_max": float(np.median(p)),
-            "share_above_0.9": float((p > 0.9).mean()), "share_at_most_0.5": float((p <= 0.5).mean())}
+    p0 = prompts.shape[1]
+    conf, agree = first_draft_agreement(target, drafter, seqs, p0)
+    c = conf[:, p0:-1]
+    gen = conf[:, p0 - 1:-1]
+    bins = []
+    for lo, hi in zip(CONFIDENCE_BINS[:-1], CONFIDENCE_BINS[1:]):
+        m = (c >= lo) & ((c < hi) if hi < 1.0 else (c <= hi))
+        bins.append({"p_max": [lo, hi], "share": float(m.mean()), "agree": float(agree[m].mean()) if m.any() else None})
+    return {"target_confidence": {"positions": int(gen.size), "mean_p_max": float(gen.mean()),
+                                  "median_p_max": float(np.median(gen)), "share_above_0.9": float((gen > 0.9).mean()),
+                                  "share_at_most_0.5": float((gen <= 0.5).mean())},
+            "depth1_agreement": {"anchors": int(agree.size), "all": float(agree.mean()), "by_target_p_max": bins}}
 
 
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
@@ -876,7 +909,7 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
                  "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist)}
         if name == "ar":
             ar_tokens = toks
-            entry["target_confidence"] = greedy_confidence(target, prompts, toks)
+            entry.update(greedy_diagnostics(target, drafter, prompts, toks))
         else:
             same = [a == b for a, b in zip(ar_tokens, toks)]
             entry["identical_to_ar"] = all(same)

@@ -345,12 +345,33 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
         assert h.sum() == e["rounds"] and np.isclose((h * np.arange(len(h))).sum() / h.sum(), e["tau"])
         assert e["accept_by_depth"] == train.accept_by_depth(h)
     assert m["ar"]["accept_by_depth"] == []
-    conf = m["ar"]["target_confidence"]
+    conf, agree = m["ar"]["target_confidence"], m["ar"]["depth1_agreement"]
     assert conf["positions"] == 2 * 6 and 1 / 320 <= conf["median_p_max"] <= 1 and 0 <= conf["share_above_0.9"] <= 1
+    assert agree["anchors"] == 2 * 5 and np.isclose(sum(x["share"] for x in agree["by_target_p_max"]), 1.0)
+    assert np.isclose(sum(x["share"] * (x["agree"] or 0) for x in agree["by_target_p_max"]), agree["all"])
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "text.py"), "--out", str(res), "--prompt-len", "100000"]) == 2
+
+
+def test_first_draft_agreement_is_what_a_dflash_round_accepts():
+    """The eval's depth-1 agreement at the first anchor = whether the first DFlash round accepts a draft."""
+    from jaxspec.dflash import DFlash
+    from jaxspec.engine import Engine
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4, scale=True)
+    # A head with two live tokens, 5 = +c and 6 = -c, shared by both models: each picks 5 or 6 by the sign
+    # of its hidden state along c, so the drafter agrees with the target about half the time.
+    assert not target.cfg.tie_word_embeddings
+    c = jax.random.normal(jax.random.key(7), (target.cfg.hidden_size,))
+    target.lm_head.kernel[...] = jnp.zeros_like(target.lm_head.kernel[...]).at[:, 5].set(c).at[:, 6].set(-c)
+    prompts = np.random.default_rng(3).integers(2, 320, (12, 7)).astype(np.int32)
+    seqs = train.greedy_generate(target, prompts, 5, 12)
+    conf, agree = train.first_draft_agreement(target, drafter, seqs, 7)      # anchor 7: the first round's
+    eng = Engine(target, DFlash(drafter, target.cfg, 4), stop_tokens=())
+    accepted = [bool(eng.generate([list(map(int, p))], 2).hist[2:].sum() > 0) for p in prompts]
+    assert agree.shape == (12, 4) and list(agree[:, 0]) == accepted and conf.shape == (12, 12)
+    assert 0 < agree[:, 0].mean() < 1          # both outcomes occur, so the comparison means something
 
 
 def test_accept_by_depth():
