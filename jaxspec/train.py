@@ -1129,10 +1129,9 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
 def run_drafter(args) -> int:
     from convert.store import load_model
     from jaxspec.export import export_drafter
+    from jaxspec.config import ConfigError
     from jaxspec.plot import loss_curve_png
     from jaxspec.tokenizer import load_tokenizer
-
-    from jaxspec.config import ConfigError
 
     if args.grow_layers and not args.init:
         raise ConfigError("--grow-layers needs --init (the drafter to grow)")
