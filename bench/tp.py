@@ -85,7 +85,7 @@ def identity_configs(cfg, dcfg, layers: int, dtype: str):
     over them, both in `dtype`."""
     if layers:
         if layers < dcfg.n_taps:
-            raise SystemExit(f"--identity-layers {layers}: the drafter taps {dcfg.n_taps} target layers")
+            raise SystemExit(f"{layers} target layers: the drafter taps {dcfg.n_taps} of them; give at least that many")
         cfg = cfg.replace(layer_types=cfg.layer_types[:layers])
         n = dcfg.n_taps
         dcfg = dcfg.replace(target_layer_ids=tuple(round(i * (layers - 1) / max(n - 1, 1)) for i in range(n)))
@@ -132,6 +132,12 @@ def main(argv=None):
                     help="target layers of the identity check's model (0: all; real widths either way)")
     ap.add_argument("--identity-dtype", default="float32", choices=("bfloat16", "float32"),
                     help="dtype of the identity check's model (float32 runs its matmuls at full precision)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="target layers of the timed model (0: all; real widths either way, drafter taps spread "
+                         "over them): a quick probe of per-layer costs, e.g. TP overheads")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated subset of the timings (ar, dflash, ddtree<B> rounds; verify: verify(block) and "
+                         "verify(B + 1)); default all")
     ap.add_argument("--rounds", type=int, default=8, help="rounds per device-loop call")
     ap.add_argument("--k", type=int, default=10, help="back-to-back calls per verify timing")
     ap.add_argument("--skip-identity", action="store_true", help="timings only")
@@ -168,6 +174,10 @@ def main(argv=None):
             return True
         return False
 
+    known = ["ar", "dflash", f"ddtree{args.budget}", "verify"]
+    methods = args.methods.split(",") if args.methods else known
+    if sorted(set(methods) - set(known)):
+        raise SystemExit(f"--methods {args.methods}: unknown {sorted(set(methods) - set(known))}; choose from {known}")
     mesh = S.make_mesh(args.tp, 1)
     S.check_target(cfg, args.tp)
     S.check_drafter(dcfg, args.tp)
@@ -179,6 +189,10 @@ def main(argv=None):
         precision = "highest" if args.identity_dtype == "float32" else None
         with jax.default_matmul_precision(precision):
             check_identity(icfg, idcfg, mesh, args, res, save)
+
+    if args.layers:  # the timed model from here on
+        cfg, dcfg = identity_configs(cfg, dcfg, args.layers, args.dtype)
+        res["layers"] = args.layers
 
     # 2. all-reduces per round at the round's sizes
     bs = dcfg.block_size
@@ -196,7 +210,7 @@ def main(argv=None):
             log(f"allreduce {name}: {ms:.3f} ms per round")
         save()
 
-    # 3. timings of the full model, sharded, from random states (no prefill)
+    # 3. timings of the full model (or its first --layers layers), sharded, from random states (no prefill)
     t = time.perf_counter()
     with jax.default_device(jax.devices()[0]):
         model, drafter = R.random_pair(cfg, dcfg)
@@ -215,7 +229,8 @@ def main(argv=None):
     # over all GPUs (16 layers x 34K x 4 kv heads x 256 x 2 x 2 bytes), ~0.25 ms of one H200.
     max_len = max(contexts) + 64 * args.rounds * 4 + args.budget + 64
     res["max_len"] = max_len
-    engines = {name: Engine(smodel, spec, mesh=mesh) for name, spec in speculators(sdrafter, scfg, args.budget).items()}
+    specs = speculators(sdrafter, scfg, args.budget)
+    engines = {name: Engine(smodel, specs[name], mesh=mesh) for name in methods if name in specs}
     for ctx in contexts:
         state_at = lambda: S.put_state(mesh, lambda: H.random_state(scfg, 1, max_len, ctx))
         ph = res["timings"][str(ctx)] = {}
@@ -233,7 +248,7 @@ def main(argv=None):
             save()
         for label, toks, tr in ((f"verify{bs}", jnp.ones((1, bs), jnp.int32), trees.chain(1, bs)),
                                 (f"verify{args.budget + 1}", tree, tr_tree)):
-            if late(f"{label}@{ctx}"):
+            if "verify" not in methods or late(f"{label}@{ctx}"):
                 continue
             with jax.set_mesh(mesh):
                 ph[label] = R.back_to_back(fwd, (params, toks, state_at(), tr), args.k)

@@ -25,3 +25,21 @@ def test_bench_tp_tiny(tmp_path):
         assert (tmp_path / "prof" / f"{name}_rounds.xplane.pb").stat().st_size > 0, res.get("profile")
     assert res["git"]["commit"] and res["machine"]["device_count"] == 8 and res["date"]
     assert res["skipped"] == [] and res["identity_layers"] == 2 and res["identity_dtype"] == "float32"
+
+
+def test_bench_tp_layers_and_methods(tmp_path):
+    """--layers times a model of the first N layers (the all-reduce plan counts them); --methods keeps only
+    the rounds named; an unknown method is refused before any work."""
+    out = tmp_path / "tp.json"
+    rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "2", "--contexts", "40", "--budget", "4",
+                  "--rounds", "2", "--k", "1", "--skip-identity", "--layers", "2", "--methods", "ar,verify",
+                  "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["layers"] == 2
+    assert set(res["timings"]["40"]) == {"ar_round", "verify16", "verify5"}
+    assert res["allreduce"]["ar_round"]["ops"] == [{"shape": [1, 1, 64], "count": 5}]
+    rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "2", "--contexts", "40", "--budget", "4",
+                  "--rounds", "2", "--skip-identity", "--methods", "dflash", "--out", str(out)])
+    assert rc == 0 and set(json.loads(out.read_text())["timings"]["40"]) == {"dflash_round"}
+    with pytest.raises(SystemExit, match="unknown.*mtp"):
+        tp.main(["--config", "tiny", "--methods", "ar,mtp", "--skip-identity"])
