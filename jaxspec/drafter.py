@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspec import sharding
 from jaxspec.drafter_config import DrafterConfig
 from jaxspec.model import Linear, RMSNorm, mask_vocab, rope
 
@@ -182,7 +183,7 @@ class Drafter(nnx.Module):
         b = anchor.shape[0]
         tokens = jnp.concatenate([anchor.astype(jnp.int32)[:, None],
                                   jnp.full((b, bs - 1), cfg.mask_token_id, jnp.int32)], 1)
-        x = jnp.take(embed, tokens, axis=0).astype(cfg.jnp_dtype)
+        x = sharding.vocab_rows(embed, tokens).astype(cfg.jnp_dtype)
         start = cache.length
         q_pos = start[:, None] + jnp.arange(bs, dtype=jnp.int32)[None]
         for layer, kc, vc, causal, window in zip(self.layers, cache.keys, cache.values, cfg.causal, cfg.windows):

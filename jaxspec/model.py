@@ -278,7 +278,7 @@ class Qwen35(nnx.Module):
 
     def embed(self, tokens):
         # Invalid tree nodes carry token -1 (never accepted); any row will do for them.
-        return jnp.take(self.embed_tokens[...], jnp.clip(tokens, 0, self.cfg.vocab_size - 1), axis=0)
+        return sharding.vocab_rows(self.embed_tokens[...], jnp.clip(tokens, 0, self.cfg.vocab_size - 1))
 
     def unembedding(self):
         """The lm_head kernel [D, V] (the embedding's transpose when tied); the drafter shares it."""

@@ -367,6 +367,29 @@ def to_tp_layout(abstract_fn, cfg, mesh: Mesh, values: dict):
     return graphdef, flat, out
 
 
+def vocab_rows(table, ids):
+    """table[ids] for a table [V, D] whose rows (the vocabulary) are split on the model axis of the mesh
+    being traced under: each shard reads the ids that fall in its rows (zeros elsewhere) and one
+    all-reduce of [..., D] sums the shards. Without this, GSPMD gathers the whole table onto every GPU
+    for each lookup (2.5 GB per decode step at the real shape: bench/results/2026-11-30-h200x2-tp-probe).
+    ids must lie in [0, V). jnp.take where no such mesh is set or the rows do not split evenly."""
+    mesh = jax.sharding.get_abstract_mesh()
+    tp = 1 if mesh.empty or MODEL not in mesh.axis_names or MODEL in mesh.manual_axes else mesh.shape[MODEL]
+    if tp == 1 or table.shape[0] % tp:
+        return jnp.take(table, ids, axis=0)
+    batch = DATA if DATA in mesh.axis_names and ids.ndim and ids.shape[0] % mesh.shape[DATA] == 0 else None
+    lead = P(batch, *(None,) * (ids.ndim - 1))
+
+    def local(rows, idx):
+        idx = idx - jax.lax.axis_index(MODEL) * rows.shape[0]
+        mine = (idx >= 0) & (idx < rows.shape[0])
+        out = jnp.take(rows, jnp.where(mine, idx, 0), axis=0)
+        return jax.lax.psum(jnp.where(mine[..., None], out, jnp.zeros((), out.dtype)), MODEL)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(MODEL, None), lead), out_specs=P(*lead, None),
+                         check_vma=False)(table, ids)
+
+
 def vocab_top_k(x, k: int, local_top_k=jax.lax.top_k):
     """`lax.top_k` over a vocabulary (last axis) split on the model axis of the mesh being traced under:
     each shard ranks its own slice, then the tp * k winners (gathered in vocabulary order) are ranked
