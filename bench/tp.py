@@ -232,12 +232,14 @@ def main(argv=None):
     specs = speculators(sdrafter, scfg, args.budget)
     engines = {name: Engine(smodel, specs[name], mesh=mesh) for name in methods if name in specs}
     for ctx in contexts:
-        state_at = lambda: S.put_state(mesh, lambda: H.random_state(scfg, 1, max_len, ctx))
+        # one compiled maker per context for every fresh state below (a new jit per call compiles each time)
+        state_at = S.state_maker(mesh, lambda ctx=ctx: H.random_state(scfg, 1, max_len, ctx))
+        drafter_cache_at = S.state_maker(mesh, lambda ctx=ctx: R.random_cache(sdcfg, 1, max_len, ctx))
         ph = res["timings"][str(ctx)] = {}
         for name, eng in engines.items():
             if late(f"{name}_round@{ctx}"):
                 continue
-            cache_at = lambda: () if name == "ar" else S.put_state(mesh, lambda: R.random_cache(sdcfg, 1, max_len, ctx))
+            cache_at = (lambda: ()) if name == "ar" else drafter_cache_at
             t = time.perf_counter()
             ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache_at(), args.rounds)
             log(f"{ctx}: {name}_round {ph[f'{name}_round']} ({time.perf_counter() - t:.0f}s with any compile)")

@@ -20,7 +20,7 @@ from flax import nnx
 from jaxspec import tree as trees
 from jaxspec.model import Qwen35, State, commit, init_state
 from jaxspec.sampling import Sampling, choose, log_probs
-from jaxspec.sharding import constrain_state, dp_degree, put_state
+from jaxspec.sharding import constrain_state, dp_degree, state_maker
 
 
 def accept(tree: trees.Tree, tokens, target_choice):
@@ -171,6 +171,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1,)))
         self._run = self._in_mesh(jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,)))
+        self._makers = {}     # (batch, max_len) -> jitted makers of empty target and drafter states
 
     def _in_mesh(self, fn):
         """fn traced and run with the mesh set (per-shard Pallas kernels read it while tracing)."""
@@ -252,6 +253,14 @@ class Engine:
 
     # -- host driver -----------------------------------------------------------------------------
 
+    def _fresh_states(self, b: int, max_len: int):
+        """Empty target and drafter states for b sequences of max_len slots, placed on the mesh; under a
+        mesh the makers compile once per (b, max_len), not once per generate call."""
+        if (b, max_len) not in self._makers:
+            self._makers[b, max_len] = (state_maker(self.mesh, lambda: init_state(self.cfg, b, max_len)),
+                                        state_maker(self.mesh, lambda: self.spec.init(b, max_len)))
+        return tuple(make() for make in self._makers[b, max_len])
+
     def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0) -> Decoding:
         b = len(prompts)
         lens = np.array([len(p) for p in prompts], np.int32)
@@ -267,8 +276,7 @@ class Engine:
         if b % dp_degree(self.mesh):
             raise ValueError(f"batch of {b} prompts is not a multiple of the data-parallel degree "
                              f"{dp_degree(self.mesh)}")
-        state = put_state(self.mesh, lambda: init_state(self.cfg, b, max_len))
-        draft = put_state(self.mesh, lambda: self.spec.init(b, max_len))
+        state, draft = self._fresh_states(b, max_len)
         last = None
         for c in range(0, total, p):
             n = np.clip(lens - c, 0, p).astype(np.int32)

@@ -274,12 +274,18 @@ def constrain_state(mesh: Mesh | None, state):
     return jax.lax.with_sharding_constraint(state, state_shardings(mesh, state))
 
 
-def put_state(mesh: Mesh | None, make: Callable[[], Any]):
-    """`make()` (a state constructor) run under jit straight into its shardings."""
+def state_maker(mesh: Mesh | None, make: Callable[[], Any]) -> Callable[[], Any]:
+    """`make` (a state constructor) jitted straight into its shardings; `make` itself without a mesh.
+    Keep the result to make more states of that shape without compiling again."""
     if mesh is None:
-        return make()
+        return make
     abstract = jax.eval_shape(make)
-    return jax.jit(make, out_shardings=state_shardings(mesh, abstract))()
+    return jax.jit(make, out_shardings=state_shardings(mesh, abstract))
+
+
+def put_state(mesh: Mesh | None, make: Callable[[], Any]):
+    """`make()` (a state constructor) run under jit straight into its shardings (compiled per call)."""
+    return state_maker(mesh, make)()
 
 
 # ------------------------------------------------------------------------------------------------ kernels

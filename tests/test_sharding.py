@@ -125,6 +125,20 @@ def test_greedy_tokens_identical(target, drafter, tp, dp):
         assert same_spec(state.keys[0], S.STATE_AXES["keys"])
 
 
+def test_generate_again_compiles_nothing(target, drafter, caplog):
+    """A second generate of the same batch and length on a sharded engine compiles nothing: the empty
+    states are made by makers jitted once per (batch, max_len), not by a fresh jit per call."""
+    mesh = S.make_mesh(2, 1)
+    st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
+    eng = Engine(st, DFlash(sd, st.cfg), mesh=mesh)
+    first = eng.generate([[5, 6, 7]], 6, max_len=64, rounds_per_call=2)
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        again = eng.generate([[9, 8, 7, 6]], 6, max_len=64, rounds_per_call=2)
+    compiled = [r.getMessage()[:120] for r in caplog.records if "ompil" in r.getMessage()]
+    assert compiled == [], compiled
+    assert len(first.tokens[0]) == len(again.tokens[0]) == 6
+
+
 @pytest.mark.parametrize("tp,dp", [(8, 1), (2, 2), pytest.param(4, 1, marks=slow)])
 def test_load_reads_shards_straight_from_the_files(ckpt, target, tp, dp, monkeypatch):
     """load_target(mesh=) == shard_target(load_target()), bit for bit, without ever reading whole tensors."""
@@ -204,7 +218,20 @@ def collectives(hlo: str) -> collections.Counter:
 def test_compiled_round_has_two_all_reduces_per_layer(target, drafter):
     """AR and DFlash rounds at TP 4: two all-reduces of the residual per target layer, and no all-gather
     of anything larger than a per-shard scalar per token (the sharded argmax)."""
-    mesh = S.make_mesh(4, 1)
+    check_round_collectives(target, drafter, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2,
+                    reason="needs 2 GPUs: JAX_PLATFORMS=cuda python -m pytest tests/test_sharding.py -m gpu")
+def test_gpu_round_has_two_all_reduces_per_layer(target, drafter):
+    """The same on GPUs at TP 2: the GPU partitioner made other choices than the CPU's (it gathered the
+    whole embedding table every step until the lookup was written per shard), so check its program too."""
+    check_round_collectives(target, drafter, 2)
+
+
+def check_round_collectives(target, drafter, tp):
+    mesh = S.make_mesh(tp, 1)
     st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
     for spec in (None, DFlash(sd, st.cfg)):
         eng = Engine(st, spec, mesh=mesh)
@@ -216,7 +243,9 @@ def test_compiled_round_has_two_all_reduces_per_layer(target, drafter):
         hlo = eng._run.lower(eng.params, d, 8, 4).compile().as_text()
         ops = collectives(hlo)
         h = target.cfg.hidden_size
-        residual = [l for l in hlo.splitlines() if re.search(rf"= f32\[1,{n},{h}\]\S* all-reduce(-start)?\(", l)]
+        # [1, n, h] on the CPU; the GPU's program drops the unit dimensions ([h] for one token)
+        residual = [l for l in hlo.splitlines()
+                    if re.search(rf"= f32\[(?:1,)?(?:{n},)?{h}\]\S* all-reduce(-start)?\(", l)]
         layers = target.cfg.num_layers + (0 if spec is None else 2 * sd.cfg.num_layers)
         assert len(residual) >= 2 * target.cfg.num_layers, ops
         assert ops["all-reduce"] <= 2 * layers + 8, ops
