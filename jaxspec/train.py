@@ -841,13 +841,16 @@ def first_draft_agreement(target: Qwen35, drafter: Drafter, seqs: np.ndarray, st
                                 taps=tuple(drafter.cfg.target_layer_ids))
     conf = np.asarray(jnp.max(jax.nn.softmax(logits.astype(jnp.float32), -1), -1))
     embed, head = target.embed_tokens[...], target.unembedding()
+    graphdef, weights = nnx.split(drafter)
 
-    @jax.jit
-    def first_draft(a):
-        cache = drafter.add_context(drafter.init_cache(b, t), taps, jnp.full((b,), a, jnp.int32))
-        return jnp.argmax(drafter.draft(cache, jnp.asarray(seqs)[:, a], embed, head)[:, 0], -1)
+    @jax.jit     # everything as arguments: one compile, no weights or sequences baked in as constants
+    def first_draft(weights, taps, seqs, embed, head, a):
+        d = nnx.merge(graphdef, weights)
+        cache = d.add_context(d.init_cache(b, t), taps, jnp.full((b,), a, jnp.int32))
+        return jnp.argmax(d.draft(cache, seqs[:, a], embed, head)[:, 0], -1)
 
-    agree = np.stack([np.asarray(first_draft(a)) == seqs[:, a + 1] for a in range(start, t - 1)], 1)
+    args = (weights, taps, jnp.asarray(seqs), embed, head)
+    agree = np.stack([np.asarray(first_draft(*args, jnp.int32(a))) == seqs[:, a + 1] for a in range(start, t - 1)], 1)
     return conf, agree
 
 
