@@ -283,11 +283,6 @@ def state_maker(mesh: Mesh | None, make: Callable[[], Any]) -> Callable[[], Any]
     return jax.jit(make, out_shardings=state_shardings(mesh, abstract))
 
 
-def put_state(mesh: Mesh | None, make: Callable[[], Any]):
-    """`make()` (a state constructor) run under jit straight into its shardings (compiled per call)."""
-    return state_maker(mesh, make)()
-
-
 # ------------------------------------------------------------------------------------------------ kernels
 
 

@@ -75,7 +75,7 @@ def logits_of(model, mesh=None, b=2):
     rng = np.random.RandomState(0)
     tokens = jnp.asarray(rng.randint(0, 509, (b, 40)))
     make = lambda: init_state(model.cfg, b, 96)
-    state = S.put_state(mesh, make)
+    state = S.state_maker(mesh, make)()
     full = forward(model, tokens, trees.chain(b, 40), state, mesh)
     parent = jnp.asarray([[-1, 0, 0, 1, 2, 4, 4, 5]] * b)
     tree_logits = forward(model, tokens[:, :8], trees.from_parents(parent), state, mesh)
@@ -295,7 +295,7 @@ def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
     parent = jnp.asarray([[-1, 0, 0, 1, 2, 4, 4, 5]] * b)
     tr = trees.from_parents(parent)
     gd, params = nnx.split(sharded)
-    state = S.put_state(mesh, lambda: init_state(sharded.cfg, b, 32))
+    state = S.state_maker(mesh, lambda: init_state(sharded.cfg, b, 32))()
     f = jax.jit(lambda p, t, s, tr: nnx.merge(gd, p)(t, s, tr)[0])
     with jax.set_mesh(mesh):
         hlo = f.lower(params, tokens, state, tr).as_text()
