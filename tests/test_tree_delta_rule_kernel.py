@@ -162,8 +162,9 @@ def test_dispatch(monkeypatch):
         api.resolve(65, "triton")
     monkeypatch.delenv(api.ENV_VAR)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    # The kernels stay opt-in until their GPU tests have passed on the H200.
-    assert api.resolve(1) == api.resolve(65) == "xla"
+    # On the GPU: the kernels for 2..128 nodes, the xla solver for the one-node step and larger trees.
+    assert api.resolve(16) == api.resolve(65) == api.resolve(128) == "pallas_triton"
+    assert api.resolve(1) == api.resolve(129) == api.resolve(1025) == "xla"
     monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
     assert api.resolve(65) == "pallas_triton"
 
@@ -248,12 +249,13 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
 
 @on_gpu
 @pytest.mark.parametrize("n", arg_specs.VERIFY_SIZES)
-def test_gpu_opt_in_dispatch_is_the_kernel(seed, n, monkeypatch):
-    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
+def test_gpu_default_dispatch(seed, n, monkeypatch):
+    """With no flag the GPU runs the kernels (prepare + apply) for 2..128 nodes, the xla solver for one."""
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
     args, _ = make_inputs(seed, Spec(1, n, shape="tree", **REAL))
     fn = jax.jit(api.tree_delta_rule)
     hlo = fn.lower(*args).as_text()
-    assert hlo.count("__gpu$xla.gpu.triton") == 2 and "triangular_solve" not in hlo
+    assert hlo.count("__gpu$xla.gpu.triton") == (2 if n >= 2 else 0) and "triangular_solve" not in hlo
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 

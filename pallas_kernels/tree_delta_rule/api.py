@@ -2,8 +2,8 @@
 
 | implementation     | what                                                        | where by default  |
 | ------------------ | ----------------------------------------------------------- | ----------------- |
-| "pallas_triton"    | the Pallas kernels, Triton lowering (pallas_triton.py)      | never (yet)       |
-| "xla"              | jnp, triangular inverse by recursive doubling (xla.py)      | everywhere        |
+| "pallas_triton"    | the Pallas kernels, Triton lowering (pallas_triton.py)      | GPU, 2..128 nodes |
+| "xla"              | jnp, triangular inverse by recursive doubling (xla.py)      | everywhere else   |
 | "reference"        | jnp with solve_triangular: the spec (reference.py)          | never             |
 | "pallas_interpret" | the Pallas kernels' bodies run by the CPU interpreter        | never (tests)     |
 
@@ -11,6 +11,13 @@
 reference (error 0.99x the reference's, geometric mean over 125 random and correlated-key cases,
 N = 16..65; xla.py, tests/test_tree_delta_rule_kernel.py), and it never emits a trsm. The kernels
 were more accurate still (0.6-0.7x) but run only interpreted off the GPU.
+
+On the GPU the kernels are the default for blocks of 2..128 nodes (DFlash blocks, DDTree trees, prefill
+chunks of 64): all 26 GPU tests passed on the H200 (the last, chunked prefill, on 2026-11-30), and at
+the real 27B shape (1K context, 64 layers) they made the DFlash round 20.81 -> 18.86 ms and the DDTree(64)
+round 30.86 -> 29.85 ms (bench/results/2026-11-30-h200-tree-delta-rule-default/). The one-node decode
+step keeps the xla solver (for N = 1 it is a rank-one update; the kernel was not timed there), as do
+trees beyond the kernel's 128 nodes.
 
 An explicit `implementation=` wins; else the environment variable JAXSPEC_TREE_DELTA_RULE (read when the
 caller is traced, so it reaches jaxspec/model.py, which passes no argument); else the default above.
@@ -28,7 +35,8 @@ IMPLEMENTATIONS = ("pallas_triton", "xla", "reference", "pallas_interpret")
 
 def resolve(n: int, implementation: str | None = None) -> str:
     """The implementation that `tree_delta_rule` runs for a block of n nodes."""
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "xla", implementation)
+    default = "pallas_triton" if dispatch.on_gpu() and n >= 2 and pallas_triton.supports(n) else "xla"
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
 
 
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None):
