@@ -1,0 +1,250 @@
+"""Issue #6's results table in one command: the round phases at each context, the tree-attention kernel
+at the longest prefix, and an 8K prefill, each against its goal and the roofline.
+
+    JAX_PLATFORMS=cuda python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --out DIR
+
+Three parts, each in its own process so that each starts with the whole GPU (the real model's weights are
+51 GB), each writing its JSON into DIR before the next starts:
+
+1. `bench.rounds --phases ar,dflash,ddtree` at every context: AR step (back to back and inside the engine's
+   device loop), drafter step, verify(16) and verify(B + 1), tree build, accept + commit, DFlash and
+   DDTree(B) rounds (rounds.json, rounds.log);
+2. `pallas_kernels.tree_attention.bench` at the longest context, N = 1 and B + 1 nodes: the kernel's KV
+   bytes per second against a copy measured in the same process (tree_attention.json);
+3. `bench.harness --contexts '' --prompt P`: the prefill of P tokens and the bf16 matmul ceiling (harness.json).
+
+Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
+context), the ratio to the roofline (weight bytes / 4.30 TB/s; 11.9 ms at the real shape, DESIGN.md section
+5) and the tokens/s the rounds imply at --tau (default 9.18: z-lab's HumanEval acceptance length for
+Qwen3.5-27B + DFlash). A part that fails or runs out of --deadline-s leaves its rows "not measured" and the
+command exits 1; the parts already done stay in DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GOALS = {  # issue #6, at 1K context on one H200
+    "ar_round": ("<=", 13.5, "ms"),
+    "verify_chain_vs_ar": ("<=", 1.08, "x AR step"),
+    "verify_tree_vs_ar": ("<=", 1.20, "x AR step"),
+    "draft": ("<=", 2.0, "ms"),
+    "tree_accept_commit": ("<=", 0.5, "ms"),
+    "dflash_round": ("<=", 16.5, "ms"),
+    "ddtree_round": ("<=", 18.5, "ms"),
+    "tree_attention_of_copy": (">=", 0.80, "of copy"),   # at a 128K prefix
+    "prefill_of_matmul": (">=", 0.50, "of matmul"),
+}
+GOAL_CONTEXT = 1024           # the round goals' context
+ATTENTION_GOAL_PREFIX = 131072  # the tree-attention goal's prefix
+
+
+def log(msg):
+    print(f"[table {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_part(name: str, cmd: list[str], out: Path, timeout: float) -> dict:
+    """Runs one part as `python -m ...` with its output in out/<name>.log; returns what happened."""
+    log(f"{name}: {' '.join(cmd)} (at most {timeout:.0f}s)")
+    t = time.perf_counter()
+    with open(out / f"{name}.log", "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, "-m", *cmd], stdout=f, stderr=subprocess.STDOUT,
+                                timeout=max(timeout, 1)).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    took = time.perf_counter() - t
+    log(f"{name}: rc={rc} in {took:.0f}s")
+    return dict(command=["python", "-m", *cmd], rc=rc, seconds=took)
+
+
+def load(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def rounds_by_context(r: dict | None) -> dict:
+    """{context: phases} from bench.rounds' JSON (one context: 'phases'; several: 'contexts')."""
+    if not r:
+        return {}
+    if "contexts" in r:
+        return {int(c): ph for c, ph in r["contexts"].items()}
+    return {int(r["context"]): r.get("phases", {})}
+
+
+def ms(ph: dict, key: str):
+    v = ph.get(key)
+    return v["median_ms"] if isinstance(v, dict) and "median_ms" in v else None
+
+
+def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *, budget: int, block: int,
+            tau: float, real: bool) -> dict:
+    """The table's rows from the parts' JSONs: [{row, context, value, unit, goal, met, vs_roofline, tok_s}]."""
+    roofline = (rounds or {}).get("roofline_ms_at_4.30TB_s")
+    rows = []
+
+    def add(row, ctx, value, unit, goal_key=None, tok_s=None, time_row=False, goal_ctx=GOAL_CONTEXT):
+        goal = GOALS.get(goal_key) if goal_key and ctx in (None, goal_ctx) else None
+        judged = goal is not None and value is not None and real
+        met = None
+        if judged:
+            met = value <= goal[1] if goal[0] == "<=" else value >= goal[1]
+        rows.append(dict(row=row, context=ctx, value=value, unit=unit,
+                         goal=f"{goal[0]} {goal[1]} {goal[2]}" if goal else None, met=met,
+                         vs_roofline=value / roofline if time_row and value is not None and roofline else None,
+                         tok_s=tok_s))
+
+    for ctx, ph in sorted(rounds_by_context(rounds).items()):
+        ar_step, ar_round = ms(ph, "ar_step"), ms(ph, "ar_round_device_loop")
+        add("AR decode step (engine device loop)", ctx, ar_round, "ms", "ar_round",
+            1e3 / ar_round if ar_round else None, time_row=True)
+        add("AR decode step (back to back calls)", ctx, ar_step, "ms", time_row=True)
+        chain, tree = ms(ph, f"verify_chain{block}"), ms(ph, f"verify_tree{budget + 1}")
+        add(f"verify, chain of {block}", ctx, chain, "ms", time_row=True)
+        add(f"verify, chain of {block} / AR step", ctx, chain / ar_step if chain and ar_step else None, "x",
+            "verify_chain_vs_ar")
+        add(f"verify, tree of {budget + 1}", ctx, tree, "ms", time_row=True)
+        add(f"verify, tree of {budget + 1} / AR step", ctx, tree / ar_step if tree and ar_step else None, "x",
+            "verify_tree_vs_ar")
+        add("drafter step", ctx, ms(ph, "draft"), "ms", "draft")
+        build = ms(ph.get("tree_build", {}), str(budget))
+        ac = ms(ph, f"accept_commit_tree{budget + 1}")
+        add(f"tree build (B = {budget}) + accept + commit", ctx, build + ac if build and ac else None, "ms",
+            "tree_accept_commit")
+        dfl, ddt = ms(ph, "dflash_round"), ms(ph, f"ddtree{budget}_round")
+        add("DFlash round", ctx, dfl, "ms", "dflash_round", tau * 1e3 / dfl if dfl else None, time_row=True)
+        add(f"DDTree(B = {budget}) round", ctx, ddt, "ms", "ddtree_round", tau * 1e3 / ddt if ddt else None,
+            time_row=True)
+
+    if attention:
+        copy = attention["copy_bytes_per_s"]
+        kernel = [r for r in attention["rows"] if r.get("impl") == "pallas_triton" and "frac_of_copy" in r]
+        shown = kernel or [r for r in attention["rows"] if "frac_of_copy" in r]
+        for r in shown:
+            add(f"tree attention ({r['impl']}), N = {r['n']}, KV bytes/s of copy ({copy / 1e9:.4g} GB/s)",
+                r["prefix"], r["frac_of_copy"], "of copy", "tree_attention_of_copy" if kernel else None,
+                goal_ctx=ATTENTION_GOAL_PREFIX)
+    if harness and "prefill" in harness:
+        p, mm = harness["prefill"], harness["matmul"]["tflop_s"]
+        add(f"prefill of {p['prompt']} tokens, 2 x params x tokens FLOP/s of bf16 matmul ({mm:.4g} TFLOP/s)",
+            None, p["tflop_s_2NP"] / mm, "of matmul", "prefill_of_matmul")
+        add(f"prefill of {p['prompt']} tokens", None, p["time"]["median_ms"], "ms")
+    return dict(rows=rows, roofline_ms=roofline, tau=tau)
+
+
+def markdown(table: dict, head: str) -> str:
+    def value(r):
+        x, unit = r["value"], r["unit"]
+        if x is None:
+            return "not measured"
+        if unit.startswith("of "):
+            return f"{x:.1%}"
+        return f"{x:.3f}" if unit == "x" else f"{x:.2f} {unit}"
+
+    roof = table["roofline_ms"]
+    intro = (f"Roofline {roof:.4g} ms (weight bytes / 4.30 TB/s)" if roof else "No roofline (the rounds part did not run)")
+    lines = [head, "", f"{intro}; tokens/s at tau = {table['tau']} for the rounds, 1 / step for AR.", "",
+             "| row | context | value | goal (at 1K) | met | x roofline | tok/s |",
+             "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
+    for r in table["rows"]:
+        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        ctx = "-" if r["context"] is None else str(r["context"])
+        roofx = "" if r["vs_roofline"] is None else f"{r['vs_roofline']:.2f}"
+        toks = "" if r["tok_s"] is None else f"{r['tok_s']:.0f}"
+        lines.append(f"| {r['row']} | {ctx} | {value(r)} | {r['goal'] or ''} | {met} | {roofx} | {toks} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.table", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--contexts", default="1024,32768,131072", help="committed tokens of the round phases")
+    ap.add_argument("--budget", type=int, default=64, help="DDTree budget B (verify and round of B + 1 nodes)")
+    ap.add_argument("--prefill", type=int, default=8192, help="prompt tokens of the prefill (0: skip)")
+    ap.add_argument("--attention-prefix", type=int, default=0,
+                    help="prefix of the tree-attention kernel timing (default: the longest context; -1: skip)")
+    ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing (bench.rounds)")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds per device-loop call (bench.rounds)")
+    ap.add_argument("--tau", type=float, default=9.18, help="acceptance length for the tokens/s column")
+    ap.add_argument("--parts", default="rounds,attention,prefill", help="which parts to run (comma-separated)")
+    ap.add_argument("--deadline-s", type=float, default=0, help="stop starting parts after this many seconds, and "
+                    "cut the running one there (0: no limit)")
+    ap.add_argument("--out", required=True, help="directory for the parts' JSONs and logs, table.md, table.json")
+    args = ap.parse_args(argv)
+    parts = {p for p in args.parts.split(",") if p}
+    if parts - {"rounds", "attention", "prefill"}:
+        ap.error(f"--parts: unknown {sorted(parts - {'rounds', 'attention', 'prefill'})}; choose from rounds,attention,prefill")
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c]
+    except ValueError:
+        ap.error(f"--contexts: expected integers separated by commas, got {args.contexts!r}")
+    if not contexts or min(contexts) < 1:
+        ap.error(f"--contexts: expected positive token counts, got {args.contexts!r}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    left = lambda: (args.deadline_s - (time.perf_counter() - t0)) if args.deadline_s else 1e9
+    ran = {}
+    prefix = max(contexts) if args.attention_prefix == 0 else args.attention_prefix
+
+    def part(name, cmd):
+        if name not in parts or (name == "attention" and prefix < 0) or (name == "prefill" and args.prefill <= 0):
+            return
+        if left() <= 1:
+            ran[name] = dict(rc="past the deadline, not started")
+            log(f"{name}: past the deadline, not started")
+            return
+        ran[name] = run_part(name, cmd, out, left())
+
+    part("rounds", ["bench.rounds", "--config", args.config, "--dtype", args.dtype, "--context", args.contexts,
+                    "--phases", "ar,dflash,ddtree", "--budgets", str(args.budget), "--round-budget", str(args.budget),
+                    "--k", str(args.k), "--rounds", str(args.rounds), "--out", str(out / "rounds.json")])
+    on_gpu = _default_backend() == "gpu"
+    part("attention", ["pallas_kernels.tree_attention.bench", "--prefixes", str(prefix),
+                       "--sizes", f"1,{args.budget + 1}", "--json", str(out / "tree_attention.json")]
+         + (["--no-reference"] if on_gpu else []))
+    part("prefill", ["bench.harness", "--config", args.config, "--dtype", args.dtype, "--contexts", "",
+                     "--prompt", str(args.prefill), "--prefill-iters", "3", "--ceiling-iters", "10",
+                     "--out", str(out / "harness.json")] + ([] if args.config == "real" else
+                                                          ["--copy-gib", "0.01", "--matmul-n", "256"]))
+
+    rounds = load(out / "rounds.json")
+    block = (rounds or {}).get("block_size", 16)
+    table = compose(rounds, load(out / "tree_attention.json"), load(out / "harness.json"), budget=args.budget,
+                    block=block, tau=args.tau, real=args.config == "real")
+    git = (rounds or {}).get("git") or {}
+    machine = (rounds or {}).get("machine") or {}
+    table.update(parts=ran, config=args.config, dtype=args.dtype, contexts=contexts, git=git, machine=machine,
+                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    head = (f"# Issue #6 table: {args.config} shape, {args.dtype}, random weights\n\n"
+            f"Commit {git.get('commit', 'unknown')}, {machine.get('device_kind', '?')}, {table['date']}; "
+            f"`python -m bench.table {' '.join(argv if argv is not None else sys.argv[1:])}`.")
+    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    (out / "table.md").write_text(markdown(table, head))
+    log(f"wrote {out / 'table.md'}")
+    print((out / "table.md").read_text())
+    failed = [n for n, r in ran.items() if r.get("rc") != 0]
+    if failed:
+        log(f"parts not completed: {failed} (their logs are in {out})")
+    return 1 if failed else 0
+
+
+def _default_backend() -> str:
+    """The backend the parts will run on, without initialising one in this process (the parts need the GPU)."""
+    plat = os.environ.get("JAX_PLATFORMS", "")
+    if plat:
+        return "gpu" if plat.split(",")[0] in ("cuda", "gpu", "rocm") else plat.split(",")[0]
+    import importlib.util
+    return "gpu" if importlib.util.find_spec("jax_cuda13_plugin") or importlib.util.find_spec("jax_cuda12_plugin") else "cpu"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

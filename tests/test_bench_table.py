@@ -1,0 +1,79 @@
+"""bench.table: issue #6's table from the parts' JSONs, goals judged at 1K only, and a run of all parts."""
+
+import json
+
+import pytest
+
+from bench import table
+
+
+def _phase(x):
+    return dict(median_ms=x, min_ms=x, k=3)
+
+
+def _rounds():
+    at = lambda s: {"ar_step": _phase(15.0 * s), "ar_round_device_loop": _phase(15.3 * s),
+                    "verify_chain16": _phase(18.6 * s), "verify_tree65": _phase(28.5 * s), "draft": _phase(2.4),
+                    "tree_build": {"64": _phase(0.2)}, "accept_commit_tree65": _phase(0.25),
+                    "dflash_round": _phase(20.0 * s), "ddtree64_round": _phase(30.0 * s)}
+    return {"contexts": {"1024": at(1.0), "32768": at(1.1)}, "block_size": 16, "roofline_ms_at_4.30TB_s": 11.92}
+
+
+def _rows(t, ctx):
+    return {r["row"]: r for r in t["rows"] if r["context"] == ctx}
+
+
+def test_compose_judges_the_goals_at_1k():
+    """Round goals at 1K context, the tree-attention goal at a 128K prefix, prefill whatever its length."""
+    attention = {"copy_bytes_per_s": 3.7e12, "rows": [
+        {"prefix": 131072, "n": 65, "impl": "reference", "frac_of_copy": 0.30},
+        {"prefix": 131072, "n": 65, "impl": "pallas_triton", "frac_of_copy": 0.85}]}
+    harness = {"prefill": {"prompt": 8192, "tflop_s_2NP": 300.0, "time": _phase(1500.0)}, "matmul": {"tflop_s": 600.0}}
+    t = table.compose(_rounds(), attention, harness, budget=64, block=16, tau=9.18, real=True)
+    k1, k32 = _rows(t, 1024), _rows(t, 32768)
+    ar = k1["AR decode step (engine device loop)"]
+    assert ar["value"] == 15.3 and ar["met"] is False and ar["vs_roofline"] == pytest.approx(15.3 / 11.92)
+    assert ar["tok_s"] == pytest.approx(1e3 / 15.3)
+    assert k32["AR decode step (engine device loop)"]["met"] is None          # goals are for 1K only
+    assert k32["AR decode step (engine device loop)"]["goal"] is None
+    assert k1["verify, chain of 16 / AR step"]["value"] == pytest.approx(18.6 / 15.0)
+    assert k1["verify, chain of 16 / AR step"]["met"] is False
+    assert k1["verify, tree of 65 / AR step"]["value"] == pytest.approx(28.5 / 15.0)
+    assert k1["drafter step"]["met"] is False
+    assert k1["tree build (B = 64) + accept + commit"]["value"] == pytest.approx(0.45)
+    assert k1["tree build (B = 64) + accept + commit"]["met"] is True
+    assert k1["DFlash round"]["tok_s"] == pytest.approx(9.18e3 / 20.0)
+    assert k1["DDTree(B = 64) round"]["met"] is False
+    att = [r for r in t["rows"] if r["row"].startswith("tree attention")]
+    assert len(att) == 1 and "pallas_triton" in att[0]["row"] and att[0]["met"] is True   # the kernel, not the jnp
+    pre = [r for r in t["rows"] if r["row"].startswith("prefill") and r["unit"] == "of matmul"][0]
+    assert pre["value"] == pytest.approx(0.5) and pre["met"] is True
+    md = table.markdown(t, "# t")
+    assert "| AR decode step (engine device loop) | 1024 | 15.30 ms | <= 13.5 ms | **no** | 1.28 | 65 |" in md
+
+
+def test_compose_of_a_tiny_run_judges_nothing():
+    t = table.compose(_rounds(), None, None, budget=64, block=16, tau=9.18, real=False)
+    assert all(r["met"] is None for r in t["rows"])
+    assert any(r["goal"] for r in t["rows"])                                    # shown, not judged
+
+
+def test_parts_past_the_deadline_leave_rows_unmeasured(tmp_path, capsys):
+    assert table.main(["--config", "tiny", "--contexts", "64", "--deadline-s", "0.5", "--out", str(tmp_path)]) == 1
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert set(t["parts"]) == {"rounds", "attention", "prefill"}
+    assert all("not started" in p["rc"] for p in t["parts"].values())
+    assert "No roofline" in (tmp_path / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_all_parts_run_on_cpu(tmp_path):
+    rc = table.main(["--config", "tiny", "--contexts", "64,128", "--budget", "8", "--prefill", "64", "--k", "2",
+                     "--rounds", "2", "--out", str(tmp_path)])
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert rc == 0, t["parts"]
+    assert {r["context"] for r in t["rows"]} == {64, 128, None}
+    missing = [r["row"] for r in t["rows"] if r["value"] is None]
+    assert not missing, missing
+    assert any(r["row"].startswith("tree attention") and r["context"] == 128 for r in t["rows"])
+    assert "not measured" not in (tmp_path / "table.md").read_text()
