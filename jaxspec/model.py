@@ -8,6 +8,7 @@ Parameter names follow the Hugging Face checkpoint (`convert/` maps them one to 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,8 @@ from jaxspec.tree import Tree, ancestor_at
 from pallas_kernels.tree_attention import api as attention_api
 from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
+from pallas_kernels.gdn_decode import api as gdn_decode_api
+from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.tree_delta_rule import resolve, state_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
@@ -151,6 +154,8 @@ class GatedDeltaNet(nnx.Module):
     def __call__(self, x, history, s0, tree: Tree):
         cfg = self.cfg
         b, n, _ = x.shape
+        if n == 1 and gdn_decode_api.resolve() != "reference":
+            return self.decode(x, history, s0)
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         conv_in = self.in_proj_qkv(x)
@@ -169,6 +174,23 @@ class GatedDeltaNet(nnx.Module):
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
         return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)
+
+    def decode(self, x, history, s0):
+        """The one-token step through the fused kernel (pallas_kernels/gdn_decode, opt-in by
+        JAXSPEC_GDN_DECODE): the same outputs as __call__ on a one-node tree, in one kernel per layer
+        between the in_proj and out_proj gemms; per shard under a mesh."""
+        cfg = self.cfg
+        b = x.shape[0]
+        hv, dv, dk = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim
+        conv_in = self.in_proj_qkv(x)
+        z = self.in_proj_z(x).reshape(b, hv, dv)
+        out, k, delta, g = sharding.per_shard_gdn_decode(
+            functools.partial(gdn_decode, eps=cfg.rms_norm_eps), conv_in[:, 0], history, self.conv1d[...], z,
+            self.in_proj_a(x)[:, 0], self.in_proj_b(x)[:, 0], self.A_log[...], self.dt_bias[...],
+            self.norm.weight[...], s0)
+        s_mid = jnp.zeros((b, 0, hv, dk, dv), jnp.float32)
+        pending = GDNPending(conv_in, k[:, None], delta[:, None], g[:, None], s_mid)
+        return self.out_proj(out.reshape(b, 1, cfg.value_dim)), pending
 
 
 def l2norm(x, eps=1e-6):

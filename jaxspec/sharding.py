@@ -329,6 +329,18 @@ def vocab_choice(partial, combine, x):
     return jax.shard_map(local, mesh=mesh, in_specs=P(*lead, MODEL), out_specs=P(*lead), check_vma=False)(x)
 
 
+def per_shard_gdn_decode(fn, conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0):
+    """The fused GDN decode step (pallas_kernels/gdn_decode: conv_in [B,C]; history [B,K-1,C]; conv_w [K,C];
+    z [B,Hv,Dv]; a, b [B,Hv]; A_log, dt_bias [Hv]; norm_w [Dv]; s0 [B,Hv,Dk,Dv]) run per shard over (data:
+    batch, model: GDN groups). The conv channels are stored per key-head group (convert/keys.py), so a
+    shard's contiguous slice of them holds whole groups: its key heads with their value heads."""
+    ch, heads, head_dim = P(DATA, MODEL), P(DATA, MODEL), P(DATA, MODEL, None)
+    return _manual(fn, (conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0),
+                   (ch, P(DATA, None, MODEL), P(None, MODEL), head_dim, heads, heads, P(MODEL), P(MODEL), P(),
+                    P(DATA, MODEL, None, None)),
+                   (head_dim, head_dim, head_dim, heads))
+
+
 def per_shard_attention(fn, q, keys, values, start, anc):
     """Tree attention (q [B,N,H,hd]; keys, values [B,L,KV,hd]; start [B]; anc [B,N,N]) run per shard over
     (data: batch, model: heads). A shard's query heads read exactly its own kv heads: both are split in

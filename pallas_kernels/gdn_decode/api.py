@@ -1,0 +1,36 @@
+"""The public GDN decode step: one contract (reference.gdn_decode), two implementations.
+
+| implementation     | what                                                     | where by default |
+| ------------------ | -------------------------------------------------------- | ---------------- |
+| "pallas_triton"    | one fused kernel per layer, Triton lowering               | never (yet)      |
+| "reference"        | jaxspec/model.py's general tree path (the jnp spec)       | everywhere       |
+| "pallas_interpret" | the kernel's body run by the CPU interpreter              | never (tests)    |
+
+Opt-in through JAXSPEC_GDN_DECODE (read when the model is traced): the kernel has passed its CPU tests
+(interpret mode, and the Triton lowering for an abstract H200) but has not yet run on a GPU. It becomes
+the GPU default once its GPU tests pass and it shortens the AR step there. "reference" leaves the model
+on its general path (`GatedDeltaNet.__call__` for any tree), of which reference.py is the one-node case.
+"""
+
+from __future__ import annotations
+
+from pallas_kernels import dispatch
+from pallas_kernels.gdn_decode import pallas_triton, reference
+
+ENV_VAR = "JAXSPEC_GDN_DECODE"
+IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
+
+
+def resolve(implementation: str | None = None) -> str:
+    """The implementation the model's one-token GDN step runs."""
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
+
+
+def gdn_decode(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0, *, eps: float,
+               implementation: str | None = None):
+    """See reference.gdn_decode."""
+    name = resolve(implementation)
+    args = (conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0)
+    if name == "reference":
+        return reference.gdn_decode(*args, eps=eps)
+    return pallas_triton.gdn_decode(*args, eps=eps, interpret=name == "pallas_interpret")

@@ -1,0 +1,77 @@
+"""Time the fused GDN decode step at the real shape against the jnp reference (what XLA makes of the same
+math), over the 48 GDN layers of one decode step.
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.gdn_decode.bench [--batch 1] [--json out.json]
+
+One jit applies the op to --layers distinct inputs in sequence (each layer's conv input depends on the
+previous output, so nothing is hoisted; distinct states, so L2 does not serve a second read). Reported:
+time per layer, and the bytes a layer must move (its [Hv, Dk, Dv] fp32 state read once, the conv window and
+weights, the outputs) over that time, and the kernel's largest relative error against the reference
+(last layer's outputs, bf16 inputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.gdn_decode import arg_specs, pallas_triton, reference
+
+
+def stacked(fn, layers):
+    def run(stack):
+        out = None
+        for args in stack:
+            if out is not None:                      # the next layer depends on this one
+                args = (args[0] + (1e-3 * out[0].reshape(args[0].shape[0], -1)[:, :1]).astype(args[0].dtype),) + args[1:]
+            out = fn(*args)
+        return out
+    return jax.jit(run)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layers", type=int, default=arg_specs.REAL_GDN_LAYERS)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    stack = [arg_specs.make_inputs(i, a.batch, **arg_specs.REAL, dtype=jnp.bfloat16) for i in range(a.layers)]
+    moved = sum(int(x.size) * x.dtype.itemsize for x in stack[0]) + 4 * a.batch * 48 * 128 * 3
+    impls = {"reference": lambda *x: reference.gdn_decode(*x, eps=1e-6)}
+    if on_gpu:
+        impls["pallas_triton"] = lambda *x: pallas_triton.gdn_decode(*x, eps=1e-6)
+    rows, ref = [], None
+    for name, fn in impls.items():
+        run = stacked(fn, a.layers)
+        t0 = time.perf_counter()
+        outs = jax.block_until_ready(run(stack))
+        compile_s = time.perf_counter() - t0
+        ref = outs if ref is None else ref
+        err = max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - r.astype(jnp.float32))) /
+                        jnp.max(jnp.abs(r.astype(jnp.float32)))) for x, r in zip(outs, ref))
+        times = []
+        for _ in range(a.iters):
+            t = time.perf_counter()
+            jax.block_until_ready(run(stack))
+            times.append(time.perf_counter() - t)
+        per = float(np.median(times)) / a.layers
+        rows.append(dict(impl=name, us_per_layer=per * 1e6, ms_per_step=per * 1e3 * arg_specs.REAL_GDN_LAYERS,
+                         bytes_per_layer=moved, bytes_per_s=moved / per, rel_err_vs_reference=err,
+                         compile_s=compile_s))
+        print(f"{name:14s} {per * 1e6:8.1f} us/layer  {per * 1e3 * arg_specs.REAL_GDN_LAYERS:6.3f} ms per 48 layers  "
+              f"{moved / per / 1e12:5.2f} TB/s  err {err:.1e}  compile {compile_s:.1f} s", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
+                           layers=a.layers, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
