@@ -334,11 +334,11 @@ def per_shard_gdn_decode(fn, conv_in, history, conv_w, z, a, b, A_log, dt_bias, 
     z [B,Hv,Dv]; a, b [B,Hv]; A_log, dt_bias [Hv]; norm_w [Dv]; s0 [B,Hv,Dk,Dv]) run per shard over (data:
     batch, model: GDN groups). The conv channels are stored per key-head group (convert/keys.py), so a
     shard's contiguous slice of them holds whole groups: its key heads with their value heads."""
-    ch, heads, head_dim = P(DATA, MODEL), P(DATA, MODEL), P(DATA, MODEL, None)
+    split, split_rows = P(DATA, MODEL), P(DATA, MODEL, None)      # [B, channels or heads], [B, heads, D]
     return _manual(fn, (conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0),
-                   (ch, P(DATA, None, MODEL), P(None, MODEL), head_dim, heads, heads, P(MODEL), P(MODEL), P(),
+                   (split, P(DATA, None, MODEL), P(None, MODEL), split_rows, split, split, P(MODEL), P(MODEL), P(),
                     P(DATA, MODEL, None, None)),
-                   (head_dim, head_dim, head_dim, heads))
+                   (split_rows, split_rows, split_rows, split))
 
 
 def per_shard_attention(fn, q, keys, values, start, anc):
