@@ -19,6 +19,8 @@ from jaxspec.tree import Tree, ancestor_at
 from pallas_kernels.tree_attention import api as attention_api
 from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
+from pallas_kernels.add_rms_norm import add_rms_norm
+from pallas_kernels.add_rms_norm import api as add_norm_api
 from pallas_kernels.gdn_decode import api as gdn_decode_api
 from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.tree_delta_rule import resolve, state_at, tree_delta_rule
@@ -193,6 +195,16 @@ class GatedDeltaNet(nnx.Module):
         return self.out_proj(out.reshape(b, 1, cfg.value_dim)), pending
 
 
+def add_norm(x, u, norm: RMSNorm):
+    """(x + u, norm(x + u)): a residual add and the RMSNorm after it, as one Pallas kernel when
+    JAXSPEC_ADD_RMS_NORM selects it (pallas_kernels/add_rms_norm; per shard under a mesh)."""
+    if add_norm_api.resolve() == "reference":
+        s = x + u
+        return s, norm(s)
+    fn = functools.partial(add_rms_norm, eps=norm.eps, offset=norm.offset)
+    return sharding.per_shard_rows(fn, x, u, norm.weight[...])
+
+
 def l2norm(x, eps=1e-6):
     return x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + eps)
 
@@ -324,8 +336,8 @@ class Qwen35(nnx.Module):
         x = self.embed(tokens)
         keys, values, pend, tapped = list(state.keys), list(state.values), [], {}
         fi = li = 0
+        h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
             if layer.is_full:
                 h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree)
                 fi += 1
@@ -333,8 +345,12 @@ class Qwen35(nnx.Module):
                 h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree)
                 pend.append(p)
                 li += 1
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x, h = add_norm(x, h, layer.post_attention_layernorm)
+            h = layer.mlp(h)
+            if i + 1 < len(self.layers):                 # the next layer's input norm, with this residual add
+                x, h = add_norm(x, h, self.layers[i + 1].input_layernorm)
+            else:
+                x = x + h
             if i in taps:
                 tapped[i] = x
         if logit_index is not None:

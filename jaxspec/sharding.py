@@ -329,6 +329,14 @@ def vocab_choice(partial, combine, x):
     return jax.shard_map(local, mesh=mesh, in_specs=P(*lead, MODEL), out_specs=P(*lead), check_vma=False)(x)
 
 
+def per_shard_rows(fn, x, u, w):
+    """A row-wise op on the residual stream (x, u [B, N, D], batch on the data axis, replicated over the
+    model axis; w [D] replicated), e.g. pallas_kernels/add_rms_norm, run per shard; fn returns two such
+    arrays."""
+    rows = P(DATA, None, None)
+    return _manual(fn, (x, u, w), (rows, rows, P()), (rows, rows))
+
+
 def per_shard_gdn_decode(fn, conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0):
     """The fused GDN decode step (pallas_kernels/gdn_decode: conv_in [B,C]; history [B,K-1,C]; conv_w [K,C];
     z [B,Hv,Dv]; a, b [B,Hv]; A_log, dt_bias [Hv]; norm_w [Dv]; s0 [B,Hv,Dk,Dv]) run per shard over (data:

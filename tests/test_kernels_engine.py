@@ -1,6 +1,7 @@
 """The whole engine with the Pallas kernels switched on (tree attention, tree delta rule, verification, the
-fused GDN decode step): greedy AR, DFlash chains and DDTree trees stay token-identical to plain greedy AR
-without kernels, with oracle drafters so that every acceptance length and sibling branches occur.
+fused GDN decode step, the fused residual add + RMSNorm): greedy AR, DFlash chains and DDTree trees stay
+token-identical to plain greedy AR without kernels, with oracle drafters so that every acceptance length
+and sibling branches occur.
 
 CPU: the kernels in interpret mode. GPU (`-m gpu`): the compiled Triton kernels, fp32 tiny target
 (`JAX_PLATFORMS=cuda python -m pytest tests/test_kernels_engine.py -m gpu`).
@@ -13,12 +14,14 @@ from convert.hf import load_target
 from jaxspec.engine import Engine
 from kernel_tests import on_gpu
 from oracle import OracleChain, OracleTree, reference
+from pallas_kernels.add_rms_norm import pallas_triton as add_norm_kernel
 from pallas_kernels.gdn_decode import pallas_triton as gdn_decode_kernel
 from pallas_kernels.tree_attention import pallas_triton as attention_kernel
 from pallas_kernels.tree_delta_rule import pallas_triton as delta_rule_kernel
 from pallas_kernels.verify import pallas_triton as verify_kernel
 
-FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_GDN_DECODE")
+FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_GDN_DECODE",
+         "JAXSPEC_ADD_RMS_NORM")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,8 @@ def _count_traces(monkeypatch):
     """Counts, per kernel, how often the engine traced it (so a silent fallback to jnp would fail)."""
     traced = {}
     for module, name in ((attention_kernel, "tree_attention"), (delta_rule_kernel, "tree_delta_rule"),
-                         (verify_kernel, "gumbel_partial"), (gdn_decode_kernel, "gdn_decode")):
+                         (verify_kernel, "gumbel_partial"), (gdn_decode_kernel, "gdn_decode"),
+                         (add_norm_kernel, "add_rms_norm")):
         def counting(*a, _fn=getattr(module, name), _name=name, **kw):
             traced[_name] = traced.get(_name, 0) + 1
             return _fn(*a, **kw)
@@ -59,7 +63,8 @@ def _check(baseline, monkeypatch, implementation):
     out = tree.generate(prompts, n_new, seed=2, rounds_per_call=4)
     assert out.tokens == ar
     assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
-    assert set(traced) == {"tree_attention", "tree_delta_rule", "gumbel_partial", "gdn_decode"}, traced
+    assert set(traced) == {"tree_attention", "tree_delta_rule", "gumbel_partial", "gdn_decode",
+                           "add_rms_norm"}, traced
 
 
 @pytest.mark.slow

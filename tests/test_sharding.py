@@ -308,22 +308,27 @@ def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
     np.testing.assert_allclose(np.asarray(got)[..., :509], np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
-def test_gdn_decode_kernel_runs_per_shard(target, monkeypatch):
-    """The fused GDN decode step (JAXSPEC_GDN_DECODE) under tensor + data parallelism: traced on per-shard
-    shapes (1 of the 2 sequences, a quarter of the key-head groups' channels), and greedy AR through it
-    equals the unsharded model's without it."""
-    from pallas_kernels.gdn_decode import api, pallas_triton
+@pytest.mark.parametrize("kernel", ["gdn_decode", "add_rms_norm"])
+def test_opt_in_kernel_runs_per_shard(target, monkeypatch, kernel):
+    """The opt-in kernels (the fused GDN decode step, the fused residual add + RMSNorm) under tensor + data
+    parallelism: traced on per-shard shapes (1 of the 2 sequences; for the GDN step a quarter of the
+    key-head groups' channels, for the norm whole rows), and greedy AR through them equals the unsharded
+    model's without them."""
+    import importlib
+    api = importlib.import_module(f"pallas_kernels.{kernel}.api")
+    module = importlib.import_module(f"pallas_kernels.{kernel}.pallas_triton")
     rs = np.random.RandomState(5)
     prompts = [rs.randint(0, 509, size=n).tolist() for n in (6, 13)]
     monkeypatch.delenv(api.ENV_VAR, raising=False)
     ref = Engine(target).generate(prompts, 12).tokens
-    shapes, kernel = [], pallas_triton.gdn_decode
-    monkeypatch.setattr(pallas_triton, "gdn_decode", lambda x, *a, **kw: shapes.append(x.shape) or kernel(x, *a, **kw))
+    shapes, fn = [], getattr(module, kernel)
+    monkeypatch.setattr(module, kernel, lambda x, *a, **kw: shapes.append(x.shape) or fn(x, *a, **kw))
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     mesh = S.make_mesh(4, 2)
     out = Engine(S.shard_target(target, mesh), mesh=mesh).generate(prompts, 12).tokens
     assert out == ref
-    assert shapes and set(shapes) == {(1, target.cfg.conv_dim // 4)}, shapes
+    want = target.cfg.conv_dim // 4 if kernel == "gdn_decode" else target.cfg.hidden_size
+    assert shapes and {(s[0], s[-1]) for s in shapes} == {(1, want)}, shapes
 
 
 @pytest.mark.parametrize("flag", ["pallas_interpret", "xla"])
