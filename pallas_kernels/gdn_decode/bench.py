@@ -46,7 +46,8 @@ def main(argv=None):
     moved = sum(int(x.size) * x.dtype.itemsize for x in stack[0]) + 4 * a.batch * 48 * 128 * 3
     impls = {"reference": lambda *x: reference.gdn_decode(*x, eps=1e-6)}
     if on_gpu:
-        impls["pallas_triton"] = lambda *x: pallas_triton.gdn_decode(*x, eps=1e-6)
+        for warps in (8, 4):
+            impls[f"pallas_triton/w{warps}"] = lambda *x, w=warps: pallas_triton.gdn_decode(*x, eps=1e-6, num_warps=w)
     rows, ref = [], None
     for name, fn in impls.items():
         run = stacked(fn, a.layers)
@@ -65,7 +66,7 @@ def main(argv=None):
         rows.append(dict(impl=name, us_per_layer=per * 1e6, ms_per_step=per * 1e3 * arg_specs.REAL_GDN_LAYERS,
                          bytes_per_layer=moved, bytes_per_s=moved / per, rel_err_vs_reference=err,
                          compile_s=compile_s))
-        print(f"{name:14s} {per * 1e6:8.1f} us/layer  {per * 1e3 * arg_specs.REAL_GDN_LAYERS:6.3f} ms per 48 layers  "
+        print(f"{name:20s} {per * 1e6:8.1f} us/layer  {per * 1e3 * arg_specs.REAL_GDN_LAYERS:6.3f} ms per 48 layers  "
               f"{moved / per / 1e12:5.2f} TB/s  err {err:.1e}  compile {compile_s:.1f} s", flush=True)
     if a.json:
         with open(a.json, "w") as f:
