@@ -81,6 +81,17 @@ def resolve_config(name: str, dtype: str) -> tuple[str, TargetConfig]:
 
 # ---------------------------------------------------------------------------------------------- timing
 
+def parse_contexts(ap, flag: str, text: str) -> list[int]:
+    """Positive token counts from a comma-separated flag value, or the parser's error naming the flag."""
+    try:
+        contexts = [int(c) for c in text.split(",") if c]
+    except ValueError:
+        ap.error(f"{flag}: expected integers separated by commas, got {text!r}")
+    if not contexts or min(contexts) < 1:
+        ap.error(f"{flag}: expected positive token counts, got {text!r}")
+    return contexts
+
+
 def summarize(ms) -> dict:
     a = np.asarray(ms, np.float64)
     return dict(median_ms=float(np.median(a)), p10_ms=float(np.percentile(a, 10)),

@@ -156,12 +156,7 @@ def main(argv=None):
         dcfg = qwen36_27b_dflash(args.dtype) if args.config == "real" else tiny_drafter(cfg)
     budgets = [int(b) for b in args.budgets.split(",") if b]
     bs = dcfg.block_size
-    try:
-        contexts = [int(c) for c in args.context.split(",") if c]
-    except ValueError:
-        ap.error(f"--context: expected integers separated by commas, got {args.context!r}")
-    if not contexts or min(contexts) < 1:
-        ap.error(f"--context: expected positive token counts, got {args.context!r}")
+    contexts = H.parse_contexts(ap, "--context", args.context)
     # Room for the timed calls: k commits of up to a block each, the rounds, the largest tree.
     need = max(contexts) + (args.k + 1) * bs + args.rounds * (max([args.round_budget, bs] + budgets) + 1) + 2
     max_len = args.max_len or max(max(contexts) + 64 * args.rounds * 8 + 1100, need)

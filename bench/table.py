@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness import parse_contexts
+
 GOALS = {  # issue #6, at 1K context on one H200
     "ar_round": ("<=", 13.5, "ms"),
     "verify_chain_vs_ar": ("<=", 1.08, "x AR step"),
@@ -182,12 +184,7 @@ def main(argv=None) -> int:
     parts = {p for p in args.parts.split(",") if p}
     if parts - {"rounds", "attention", "prefill"}:
         ap.error(f"--parts: unknown {sorted(parts - {'rounds', 'attention', 'prefill'})}; choose from rounds,attention,prefill")
-    try:
-        contexts = [int(c) for c in args.contexts.split(",") if c]
-    except ValueError:
-        ap.error(f"--contexts: expected integers separated by commas, got {args.contexts!r}")
-    if not contexts or min(contexts) < 1:
-        ap.error(f"--contexts: expected positive token counts, got {args.contexts!r}")
+    contexts = parse_contexts(ap, "--contexts", args.contexts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -77,3 +77,10 @@ def test_all_parts_run_on_cpu(tmp_path):
     assert not missing, missing
     assert any(r["row"].startswith("tree attention") and r["context"] == 128 for r in t["rows"])
     assert "not measured" not in (tmp_path / "table.md").read_text()
+
+
+@pytest.mark.parametrize("bad", ["1k", "0,1024", ""])
+def test_bad_contexts_are_refused_by_name(tmp_path, capsys, bad):
+    with pytest.raises(SystemExit):
+        table.main(["--contexts", bad, "--out", str(tmp_path)])
+    assert "--contexts" in capsys.readouterr().err
