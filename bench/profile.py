@@ -211,7 +211,8 @@ def summarize(events, hlo: HloIndex, steps: int, top: int = 30) -> dict:
             shares = {"gdn": 1.0}  # cuBLAS triangular solve of the delta rule: its kernels have no HLO name
         part = max(shares, key=shares.get)
         nbytes = hlo.nbytes.get(n, 0) if n else 0
-        kind = "gemm" if "gemm" in name else "other"
+        # cuBLAS's Hopper gemms (nvjet_*) carry no HLO name: gemm time of an unknown part, bytes unknown
+        kind = "gemm" if "gemm" in name or name.startswith("nvjet") else "other"
         for pt, w in shares.items():
             p = by_part.setdefault(pt, dict(ms_per_step=0.0, kernels_per_step=0.0, gemm_ms=0.0, gemm_gb=0.0,
                                             other_ms=0.0))

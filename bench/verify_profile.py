@@ -1,7 +1,9 @@
 """Profile one verify forward of a tree (or chain) at any shape and charge its kernels to the model's
-parts (attention, GDN, MLP, ...), as `bench.harness --profile-steps` does for the AR step.
+parts (attention, GDN, MLP, ...), as `bench.harness --profile-steps` does for the AR step; with
+--commit, the accept + commit that follows it instead (greedy choice, the walk, the KV moves and the
+GDN state rebuild of bench.rounds' accept_commit phase).
 
-    python -m bench.verify_profile --config real --nodes 65 --tree --out DIR
+    python -m bench.verify_profile --config real --nodes 65 --tree --out DIR [--commit]
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from bench.rounds import random_params
 from jaxspec import model as M
 from jaxspec import tree as trees
 from jaxspec.ddtree import build_tree
+from jaxspec.engine import accept
+from jaxspec.sampling import Sampling, choose
 
 
 def main(argv=None):
@@ -30,6 +34,7 @@ def main(argv=None):
     ap.add_argument("--nodes", type=int, default=65)
     ap.add_argument("--tree", action="store_true", help="a DDTree-shaped tree (default: a chain)")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--commit", action="store_true", help="profile accept + commit after the verify, not the verify")
     ap.add_argument("--out", default=None, help="directory for the summary JSON and text")
     args = ap.parse_args(argv)
     _, cfg = H.resolve_config(args.config, "bfloat16")
@@ -48,18 +53,27 @@ def main(argv=None):
         logits, taps, st, pend = nnx.merge(gd, tp)(toks, st, tr)
         return logits, pend
 
-    compiled, ct = H.compile_fn(verify, tp, toks, st, tr)
+    if args.commit:
+        logits, pend = jax.jit(verify)(tp, toks, st, tr)
+
+        def accept_commit(st, pend, tr, toks, logits):
+            path, n, bonus = accept(tr, toks, choose(None, logits, Sampling()))
+            return M.commit(cfg, st, pend, tr, path, n), bonus
+
+        fn, fargs, tag = accept_commit, (st, pend, tr, toks, logits), "accept_commit"
+    else:
+        fn, fargs, tag = verify, (tp, toks, st, tr), "verify"
+    compiled, ct = H.compile_fn(fn, *fargs)
     hlo = compiled.as_text()
     mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
-    res = H.profile_steps(lambda: compiled(tp, toks, st, tr), args.steps, mod.group(1) if mod else "verify", hlo,
-                          None, "verify")
-    res.update(config=args.config, nodes=n, tree=args.tree, context=args.context, compile=ct,
+    res = H.profile_steps(lambda: compiled(*fargs), args.steps, mod.group(1) if mod else tag, hlo, None, tag)
+    res.update(config=args.config, phase=tag, nodes=n, tree=args.tree, context=args.context, compile=ct,
                git=H.git_info(), machine=H.machine_info())
     text = json.dumps(res, indent=1, default=str)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"verify-{'tree' if args.tree else 'chain'}{n}.json").write_text(text)
+        (out / f"{'commit' if args.commit else 'verify'}-{'tree' if args.tree else 'chain'}{n}.json").write_text(text)
     print(text[:6000])
 
 

@@ -11,8 +11,12 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
 
     Tb = (I + A)^-1 B      M = P Tb      Delta = Tb V - (Tb E K) S0      O = (E Q - M E K) S0 + M V
 
-* `_prepare_kernel` (a program per batch row and value head) does all that touches neither S0 nor V:
-  G, the Gram tiles, and the solve. Tb is built tile by tile by block forward substitution, the
+* Ahead of the kernels, batched XLA products (fp32, full precision): the Gram matrices K K^T and Q K^T
+  per head, and G = anc g. In the kernel they cost a serial chain of K and Q loads and FMA dots: at the
+  real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a 25.6 ms verify(65),
+  bench/results/2026-11-30-h200-verify-profile).
+* `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
+  nor V: the decayed, masked tiles and the solve. Tb is built tile by tile by block forward substitution, the
   diagonal tiles by forward substitution over their rows. Substitution, not a power series:
   (I + A)^-1 = prod_m (I + A^(2^m)) loses everything to cancellation when keys are correlated and
   decays weak (relative error 4e8 at N = 64, measured against float64).
@@ -24,8 +28,8 @@ Every value a program computes and reads again stays in its registers; anything 
 goes through the next kernel (reading back a program's own writes would need a barrier between its
 threads). Everything is kept small for ptxas: with the whole block's Delta tiles alive in one
 unrolled program, or the tile inverse as an scf.for with the tile as carry, ptxas 12.9 (sm_90a) fell
-back to 32 registers and spilled ~100 KB per thread at N = 65; as written, `_prepare_kernel` spills
-72 bytes there (860 with tf32x3) and `_apply_kernel` nothing (Triton 3.8 from pip; the H200 compiles
+back to 32 registers and spilled ~100 KB per thread at N = 65; as written (with the Gram dots still
+inside), `_prepare_kernel` spilled 72 bytes there (860 with tf32x3) and `_apply_kernel` nothing (Triton 3.8 from pip; the H200 compiles
 with XLA's own Triton and ptxas, so measure there).
 
 The Triton lowering wants every loaded or computed array to have a power-of-two size, hence the tiles;
@@ -90,35 +94,21 @@ def _unit_lower_inverse(a, rows_used):
     return inv
 
 
-def _prepare_kernel(q_ref, k_ref, g_ref, beta_ref, anc_ref, G_ref, tb_ref, m_ref, *, n, precision, key_chunk):
+def _prepare_kernel(kk_ref, qk_ref, G_ref, beta_ref, anc_ref, tb_ref, m_ref, *, n, precision):
     dot = functools.partial(_dot, precision=precision)
-
-    def grams(ri, rj):
-        """K_i K_j^T and Q_i K_j^T, `key_chunk` key dims per step: an fp32 (FMA) dot holds a thread's
-        whole rows of both operands in registers, and a loop keeps the code small."""
-        def step(c, acc):
-            cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
-            k_j = k_ref[rj, cs]
-            return acc[0] + dot(k_ref[ri, cs], k_j, trans_b=True), acc[1] + dot(q_ref[ri, cs], k_j, trans_b=True)
-        zero = jnp.zeros((TILE, TILE), jnp.float32)
-        return lax.fori_loop(0, k_ref.shape[-1] // key_chunk, step, (zero, zero))
-
     r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
     c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
     rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
-    G, Tb = [], {}
+    G = [G_ref[ri] for ri in rows]
+    Tb = {}
     for i, ri in enumerate(rows):
-        # G_i = sum_j anc_ij g_j over the tiles j <= i (ancestors never come later).
-        G_i = sum(jnp.sum(anc_ref[ri, rj] * g_ref[rj][None, :], axis=1) for rj in rows[:i + 1])
-        G.append(G_i)
-        G_ref[ri] = G_i
         beta_i = beta_ref[ri]
         A, P = [], []
         for j, rj in enumerate(rows[:i + 1]):
-            d_ij = _decay(G_i, G[j], anc_ref[ri, rj])
-            kk, qk = grams(ri, rj)
+            d_ij = _decay(G[i], G[j], anc_ref[ri, rj])
+            kk = kk_ref[ri, rj]
             A.append(beta_i[:, None] * (d_ij * (jnp.where(r > c, kk, 0.0) if j == i else kk)))
-            P.append(d_ij * qk)
+            P.append(d_ij * qk_ref[ri, rj])
         # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
         inv_ii = _unit_lower_inverse(A[i], min(TILE, n - i * TILE))
         for j, rj in enumerate(rows[:i]):
@@ -205,21 +195,28 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=64, 
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     params = pltriton.CompilerParams(num_warps=num_warps)
 
+    # What needs no solve, as batched XLA products (fp32, full precision) ahead of the kernel, so that
+    # the kernel's serial chain of tiles loads one [T, T] tile per product instead of streaming K and Q
+    # through its own FMA dots: the Gram matrices K K^T and Q K^T per head, and G = anc g (G_i sums the
+    # log-decays of i's ancestors-or-self).
+    full = lax.Precision.HIGHEST
+    kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
+    qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
+    G = jnp.einsum("bij,bhj->bhi", anc, g, precision=full)
+
     head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi: (bi, hi) + (0,) * len(blk))
-    nodes = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi: (bi, 0, hi, 0))
     tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
-    G, tb, m = pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, precision=prec, key_chunk=key_chunk),
-        out_shape=(jax.ShapeDtypeStruct((b, h, n_pad), f32),
-                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
+    tb, m = pl.pallas_call(
+        functools.partial(_prepare_kernel, n=n, precision=prec),
+        out_shape=(jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
                    jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)),
         grid=(b, h),
-        in_specs=[nodes, nodes, head(n_pad), head(n_pad), tree],
-        out_specs=[head(n_pad), head(n_pad, n_pad), head(n_pad, n_pad)],
+        in_specs=[head(n_pad, n_pad), head(n_pad, n_pad), head(n_pad), head(n_pad), tree],
+        out_specs=[head(n_pad, n_pad), head(n_pad, n_pad)],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_prepare",
-    )(q, k, g, beta, anc)
+    )(kk, qk, G, beta, anc)
 
     # grid: batch, value head, slice of the value dim, tile of nodes
     keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi, 0))
