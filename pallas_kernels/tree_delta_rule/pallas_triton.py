@@ -11,10 +11,10 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
 
     Tb = (I + A)^-1 B      M = P Tb      Delta = Tb V - (Tb E K) S0      O = (E Q - M E K) S0 + M V
 
-* `_gram_kernel` (a program per batch row, value head and node tile): the Gram tiles K_i K_j^T and
-  Q_i K_j^T for j <= i, and G = anc g. Inside the prepare kernel they were a serial chain of K and Q
-  loads and FMA dots: at the real shape and N = 65 it took 101 us a layer that way (4.87 ms of a
-  25.6 ms verify(65), bench/results/2026-11-30-h200-verify-profile).
+* Ahead of the kernels, batched XLA products (fp32, full precision): the Gram matrices K K^T and Q K^T
+  per head, and G = anc g. In the kernel they cost a serial chain of K and Q loads and FMA dots: at the
+  real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a 25.6 ms verify(65),
+  bench/results/2026-11-30-h200-verify-profile).
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: the decayed, masked tiles and the solve. Tb is built tile by tile by block forward substitution, the
   diagonal tiles by forward substitution over their rows. Substitution, not a power series:
@@ -92,30 +92,6 @@ def _unit_lower_inverse(a, rows_used):
         upd = jnp.sum(a_i[:, None] * inv, axis=0)                   # sum_j a_ij inv[j, :]
         inv = inv - jnp.where(r == i, upd[None, :], 0.0)
     return inv
-
-
-def _gram_kernel(q_ref, k_ref, g_ref, anc_ref, kk_ref, qk_ref, G_ref, *, precision, key_chunk):
-    """Row tile i (a program per batch row, value head and node tile): K_i K_j^T and Q_i K_j^T for the
-    tiles j <= i (the prepare kernel reads no others), and G_i = sum_j anc_ij g_j."""
-    dot = functools.partial(_dot, precision=precision)
-    i = pl.program_id(2)
-    ri = pl.ds(pl.multiple_of(i * TILE, TILE), TILE)
-
-    def tile(j, G_i):
-        rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
-
-        def step(c, acc):
-            cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
-            k_j = k_ref[rj, cs]
-            return acc[0] + dot(k_ref[ri, cs], k_j, trans_b=True), acc[1] + dot(q_ref[ri, cs], k_j, trans_b=True)
-
-        zero = jnp.zeros((TILE, TILE), jnp.float32)
-        kk, qk = lax.fori_loop(0, k_ref.shape[-1] // key_chunk, step, (zero, zero))
-        kk_ref[:, rj] = kk
-        qk_ref[:, rj] = qk
-        return G_i + jnp.sum(anc_ref[:, rj] * g_ref[rj][None, :], axis=1)
-
-    G_ref[...] = lax.fori_loop(0, i + 1, tile, jnp.zeros((TILE,), jnp.float32))
 
 
 def _prepare_kernel(kk_ref, qk_ref, G_ref, beta_ref, anc_ref, tb_ref, m_ref, *, n, precision):
@@ -219,26 +195,14 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=64, 
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     params = pltriton.CompilerParams(num_warps=num_warps)
 
-    # What needs no solve, in its own kernel ahead of prepare, a program per node tile: the Gram tiles
-    # and G. Inside prepare they were a serial chain of K and Q loads and FMA dots (101 us a layer at the
-    # real shape and N = 65); as batched XLA products (fp32 cuBLAS gemms) they left the kernel at 33 us but
-    # opened ~2 ms of gaps per verify between the 48 layers' kernels (bench/results/2026-11-30-h200-verify-profile).
-    row_tile = lambda *blk: pl.BlockSpec((None, None, TILE) + blk, lambda bi, hi, ti: (bi, hi, ti) + (0,) * len(blk))
-    kk, qk, G = pl.pallas_call(
-        functools.partial(_gram_kernel, precision=prec, key_chunk=key_chunk),
-        out_shape=(jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
-                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
-                   jax.ShapeDtypeStruct((b, h, n_pad), f32)),
-        grid=(b, h, nt),
-        in_specs=[pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ti: (bi, 0, hi, 0)),
-                  pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ti: (bi, 0, hi, 0)),
-                  pl.BlockSpec((None, None, n_pad), lambda bi, hi, ti: (bi, hi, 0)),
-                  pl.BlockSpec((None, TILE, n_pad), lambda bi, hi, ti: (bi, ti, 0))],
-        out_specs=[row_tile(n_pad), row_tile(n_pad), row_tile()],
-        compiler_params=params,
-        interpret=interpret,
-        name="tree_delta_rule_gram",
-    )(q, k, g, anc)
+    # What needs no solve, as batched XLA products (fp32, full precision) ahead of the kernel, so that
+    # the kernel's serial chain of tiles loads one [T, T] tile per product instead of streaming K and Q
+    # through its own FMA dots: the Gram matrices K K^T and Q K^T per head, and G = anc g (G_i sums the
+    # log-decays of i's ancestors-or-self).
+    full = lax.Precision.HIGHEST
+    kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
+    qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
+    G = jnp.einsum("bij,bhj->bhi", anc, g, precision=full)
 
     head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi: (bi, hi) + (0,) * len(blk))
     tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
