@@ -120,6 +120,8 @@ def test_rounds_phases_and_partial_json(tmp_path):
     for key in ("ar_step", "ar_round_device_loop", "draft", "verify_tree5", "accept_commit_tree5", "ddtree4_round",
                 "mtp_step", "mtp_draft_k1", "mtp1_round"):
         _positive(ph[key], "median_ms")
+    for key in ("draft", "verify_tree5", "accept_commit_tree5", "mtp_step"):     # the phases timed alone
+        _positive(ph[key], "device_ms", "kernels")
     assert "dflash_round" not in ph and "verify_chain16" not in ph
     assert res["vs_ar_step"]["ar_step"] == 1.0 and set(res["vs_ar_step"]) >= {"ddtree4_round", "mtp1_round"}
     assert not (tmp_path / "rounds.json.tmp").exists()
