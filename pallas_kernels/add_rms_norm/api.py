@@ -2,12 +2,14 @@
 
 | implementation     | what                                              | where by default |
 | ------------------ | ------------------------------------------------- | ---------------- |
-| "pallas_triton"    | one kernel per call, Triton lowering               | never (yet)      |
+| "pallas_triton"    | one kernel per call, Triton lowering               | never (opt-in)   |
 | "reference"        | jnp, what the model always ran                     | everywhere       |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter       | never (tests)    |
 
-Opt-in through JAXSPEC_ADD_RMS_NORM (read when the model is traced): CPU-tested (interpret mode, the
-Triton lowering for an abstract H200), not yet run on a GPU.
+Opt-in through JAXSPEC_ADD_RMS_NORM (read when the model is traced). It passed its CPU tests
+(interpret mode, the Triton lowering for an abstract H200) and its GPU tests on the H200, but it made
+the AR round longer: 15.91 ms against 15.40 / 15.43 without it (one H200, real shape, 1K context;
+bench/results/2026-11-30-h200-kernel-flags). Why was not profiled. So it is not the default.
 """
 
 from __future__ import annotations

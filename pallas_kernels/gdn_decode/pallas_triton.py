@@ -86,10 +86,9 @@ def _kernel(x_ref, hist_ref, w_ref, z_ref, p_ref, nw_ref, s0_ref, out_ref, k_ref
 
 @functools.partial(jax.jit, static_argnames=("eps", "interpret", "num_warps"))
 def gdn_decode(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0, *, eps: float, interpret=False,
-               num_warps=8):
-    """Same contract as reference.gdn_decode. num_warps: 8 by default, a guess not yet timed: the head's
-    [128, 128] fp32 state and its product with k take 64 KB of registers each, 128 + 128 per thread with 4
-    warps (spills) and half that with 8; bench.py times 4 and 8."""
+               num_warps=4):
+    """Same contract as reference.gdn_decode. num_warps: 4, the faster of the two bench.py times on the
+    H200 (26.2 against 30.4 us a layer, 48 layers in one jit; bench/results/2026-11-30-h200-kernel-flags)."""
     hk, rep, dk, dv = heads(conv_in, z, s0)
     if not supports(dk, dv):
         raise ValueError(f"gdn_decode kernel takes power-of-two head dims, got Dk={dk}, Dv={dv}")
