@@ -29,8 +29,8 @@ goes through the next kernel (reading back a program's own writes would need a b
 threads). Everything is kept small for ptxas: with the whole block's Delta tiles alive in one
 unrolled program, or the tile inverse as an scf.for with the tile as carry, ptxas 12.9 (sm_90a) fell
 back to 32 registers and spilled ~100 KB per thread at N = 65; as written (with the Gram dots still
-inside), `_prepare_kernel` spilled 72 bytes there (860 with tf32x3) and `_apply_kernel` nothing (Triton 3.8 from pip; the H200 compiles
-with XLA's own Triton and ptxas, so measure there).
+inside), `_prepare_kernel` spilled 72 bytes there (860 with tf32x3) and `_apply_kernel` nothing
+(Triton 3.8 from pip; the H200 compiles with XLA's own Triton and ptxas, so measure there).
 
 The Triton lowering wants every loaded or computed array to have a power-of-two size, hence the tiles;
 the block only has to be a whole number of tiles (N = 65 runs as 80 rows, not 128). Small head dims
