@@ -53,7 +53,7 @@ import numpy as np
 from flax import nnx
 
 from jaxspec import tree as trees
-from jaxspec.config import FULL, LINEAR, TargetConfig
+from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
 from jaxspec.model import Qwen35, init_state
@@ -810,6 +810,37 @@ def tiny_sizes() -> PairSizes:
                      eval_new=24, budgets=(8, 16), tokenizer_chars=200_000)
 
 
+def spread_taps(n_layers: int, n_taps: int) -> tuple[int, ...]:
+    """Target layers the drafter reads, spread from layer 1 to layer n_layers - 2 (the demo's (1, 4, 6) of 8)."""
+    return tuple(sorted({round(1 + i * (n_layers - 3) / max(n_taps - 1, 1)) for i in range(n_taps)}))
+
+
+def resized(s: PairSizes, width: int | None = None, layers: int | None = None) -> PairSizes:
+    """The pair's sizes with a target `width` wide and `layers` deep (None: as is). Heads, GDN key heads and
+    the FFN scale with the width (head dims stay), the drafter's width and heads follow the target's (it shares
+    its embedding), its taps are spread over the new depth. Refuses sizes the model cannot take, by flag."""
+    t = s.target
+    width, layers = width or t.hidden_size, layers or t.num_layers
+    unit = t.hidden_size // t.num_heads
+    if width < unit or width % unit:
+        raise ConfigError(f"--target-width {width}: must be a positive multiple of {unit} (the head dim)")
+    if layers < 4:
+        raise ConfigError(f"--target-layers {layers}: must be at least 4 (every 4th layer is full attention)")
+    f = width // unit / t.num_heads                       # the width's multiple of the current one
+    heads = width // unit
+    kv = max(1, round(t.num_kv_heads * f))
+    while heads % kv:
+        kv -= 1
+    lk = max(1, round(t.linear_num_key_heads * f))
+    lv = lk * (t.linear_num_value_heads // t.linear_num_key_heads)
+    target = target_config(t.vocab_size, width, 3 * width, layers, heads, kv, t.head_dim, lk, lv,
+                           t.linear_key_head_dim, t.dtype)
+    taps = s.taps if layers == t.num_layers else spread_taps(layers, len(s.taps))
+    dheads = max(1, width // s.draft_head_dim)
+    return dataclasses.replace(s, target=target, taps=taps, draft_heads=dheads,
+                               draft_kv=max(1, dheads * s.draft_kv // s.draft_heads), draft_ffn=3 * width)
+
+
 def make_drafter_config(s: PairSizes, tcfg: TargetConfig, mask_id: int, dtype="float32") -> DrafterConfig:
     return DrafterConfig(vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size, intermediate_size=s.draft_ffn,
                          num_heads=s.draft_heads, num_kv_heads=s.draft_kv, head_dim=s.draft_head_dim,
@@ -950,7 +981,7 @@ def run_pair(args) -> int:
     t_start = time.time()
     budget = float(args.time_budget_s)
     at = lambda frac: t_start + frac * budget
-    s = tiny_sizes() if args.tiny else full_sizes()
+    s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or out / "work").absolute()
@@ -958,7 +989,9 @@ def run_pair(args) -> int:
     tdir, ddir = pair / "target", pair / "drafter"
     results = {"commit": os.environ.get("JAXSPEC_COMMIT") or git_commit(), "machine": machine(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "tiny": bool(args.tiny), "time_budget_s": budget, "jax": jax.__version__}
+               "tiny": bool(args.tiny), "time_budget_s": budget, "jax": jax.__version__,
+               "target_size": {"hidden_size": s.target.hidden_size, "layers": s.target.num_layers,
+                               "heads": s.target.num_heads, "linear_key_heads": s.target.linear_num_key_heads}}
     log(f"pair: {results['machine']}; budget {budget:.0f}s; work dir {work}")
 
     # 1. Corpus and tokenizer.
@@ -1132,7 +1165,6 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
 def run_drafter(args) -> int:
     from convert.store import load_model
     from jaxspec.export import export_drafter
-    from jaxspec.config import ConfigError
     from jaxspec.plot import loss_curve_png
     from jaxspec.tokenizer import load_tokenizer
 
@@ -1156,8 +1188,7 @@ def run_drafter(args) -> int:
         log(f"drafter: starting from {args.init} (taps {taps}, block {args.block}"
             + (f"; {args.grow_layers} identity layers appended: {dcfg.num_layers} layers)" if args.grow_layers else ")"))
     else:
-        taps = tuple(args.taps) if args.taps else tuple(sorted({round(1 + i * (n_layers - 3) / max(args.n_taps - 1, 1))
-                                                                 for i in range(args.n_taps)}))
+        taps = tuple(args.taps) if args.taps else spread_taps(n_layers, args.n_taps)
         dcfg = DrafterConfig(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.hidden_size,
                              intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
                              num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
@@ -1222,7 +1253,6 @@ def run_eval(args) -> int:
     from convert.store import load_model
     from jaxspec.tokenizer import load_tokenizer
 
-    from jaxspec.config import ConfigError
     for flag, v in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
                     ("--budgets", min(args.budgets, default=1))):
         if v < 1:
@@ -1269,6 +1299,10 @@ def parser() -> argparse.ArgumentParser:
                    help="drafter training data: the target teacher-forced over the corpus, its greedy continuations "
                         "of prompts, or both (mixed, the default)")
     a.add_argument("--part-mb", type=int, default=15, help="size of each pair.tar part (default: %(default)s MiB)")
+    a.add_argument("--target-width", type=int, default=None,
+                   help="the target's hidden size (default: 256; heads, GDN heads and FFN scale with it, the drafter "
+                        "follows); a wider target writes more confident continuations for the drafter to learn")
+    a.add_argument("--target-layers", type=int, default=None, help="the target's layers (default: 8; >= 4)")
     a.set_defaults(func=run_pair)
     d = sub.add_parser("drafter", help="train (or continue, --init) a DFlash drafter for an existing target")
     d.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
@@ -1332,7 +1366,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from convert.hf import CheckpointError
-    from jaxspec.config import ConfigError
     args = parser().parse_args(argv)
     try:
         return args.func(args)

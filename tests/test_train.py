@@ -542,3 +542,29 @@ def test_pair_tiny_end_to_end(tmp_path):
                        text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "speedup" in r.stderr and "ddtree" in r.stderr
+
+
+def test_pair_sizes_resize_the_target_and_the_drafter_follows():
+    """--target-width / --target-layers: heads, GDN heads and FFN scale with the width, the head dims stay,
+    every 4th layer stays full attention, the drafter follows the width and its taps the depth."""
+    base = train.full_sizes()
+    assert train.resized(base) == base                                       # no flags: the shipped sizes
+    s = train.resized(base, 512, 12)
+    t = s.target
+    assert (t.hidden_size, t.intermediate_size, t.num_layers) == (512, 1536, 12)
+    assert (t.num_heads, t.num_kv_heads, t.head_dim) == (8, 4, 64)
+    assert (t.linear_num_key_heads, t.linear_num_value_heads, t.linear_key_head_dim) == (8, 16, 32)
+    assert [i for i, lt in enumerate(t.layer_types) if lt == "full_attention"] == [3, 7, 11]
+    dcfg = train.make_drafter_config(s, t, mask_id=4095)
+    assert dcfg.hidden_size == 512 and dcfg.num_heads * dcfg.head_dim == 512 and dcfg.intermediate_size == 1536
+    assert len(s.taps) == len(base.taps) and max(s.taps) < 12 and s.taps == train.spread_taps(12, 3)
+    assert train.spread_taps(8, 3) == base.taps == (1, 4, 6)
+    assert train.resized(base, layers=8).taps == base.taps and train.resized(base, 384).target.num_heads == 6
+
+
+@pytest.mark.parametrize("flags,message", [(["--target-width", "300"], "--target-width 300"),
+                                           (["--target-layers", "3"], "--target-layers 3")])
+def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
+    assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()                                     # refused before anything is written
