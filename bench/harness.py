@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import glob
 import gzip
 import json
 import os
@@ -32,7 +31,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -274,22 +272,18 @@ def trace_rounds(eng, d, rounds: int, calls: int, out: Path) -> dict:
     already), kept as out/<engine>.xplane.pb. Analyse it with `python -m bench.profile XPLANE HLO --device 0`
     and the optimized HLO of the same run (XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text)."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="bench_trace_")
-    try:
-        opts = jax.profiler.ProfileOptions()
-        opts.python_tracer_level = 0
-        with jax.profiler.trace(tmp, profiler_options=opts):
-            for _ in range(calls):
-                d = eng._run(eng.params, d, ENDLESS, rounds)
-            jax.block_until_ready(d)
-        files = sorted(glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True))
-        if not files:
+    state = [d]
+
+    def call():
+        state[0] = eng._run(eng.params, state[0], ENDLESS, rounds)
+        return state[0]
+
+    with profile.trace(call, calls) as xplane:
+        if xplane is None:
             return dict(error="no xplane.pb written")
         dest = out / f"{eng.spec.name}_rounds.xplane.pb"
-        shutil.copy(files[-1], dest)
-        return dict(xplane=str(dest), rounds=rounds * calls, bytes=dest.stat().st_size)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copy(xplane, dest)
+    return dict(xplane=str(dest), rounds=rounds * calls, bytes=dest.stat().st_size)
 
 
 def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4) -> dict:
@@ -352,28 +346,12 @@ def random_tokens(cfg: TargetConfig, batch: int, n: int, seed: int):
 
 # ---------------------------------------------------------------------------------------------- profile
 
-@contextlib.contextmanager
-def _trace(run_step, steps: int):
-    """Trace `steps` calls of run_step (the last one waited for inside the trace); yields the xplane.pb
-    path, or None where none was written. The trace directory is removed afterwards."""
-    tmp = tempfile.mkdtemp(prefix="bench_trace_")
-    try:
-        opts = jax.profiler.ProfileOptions()
-        opts.python_tracer_level = 0   # keep the trace small: kernels and XLA annotations only
-        opts.enable_hlo_proto = False
-        with jax.profiler.trace(tmp, profiler_options=opts):
-            for _ in range(steps):
-                out = run_step()
-            jax.block_until_ready(out)
-        files = sorted(glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True))
-        yield files[-1] if files else None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+device_time = profile.device_time
 
 
 def profile_steps(run_step, steps: int, module: str, hlo_text: str, dump: Path | None, tag: str) -> dict:
     """Trace `steps` steps (the last one waited for inside the trace) and charge kernels to parts."""
-    with _trace(run_step, steps) as xplane:
+    with profile.trace(run_step, steps) as xplane:
         if xplane is None:
             return dict(error="no xplane.pb written")
         if dump is not None:
@@ -382,20 +360,6 @@ def profile_steps(run_step, steps: int, module: str, hlo_text: str, dump: Path |
         out = profile.summarize(events, profile.HloIndex(hlo_text), steps)
         out.update(info)
         return out
-
-
-def device_time(run_step, steps: int = 5) -> dict:
-    """Device time per call: the kernels' summed durations in a trace of `steps` calls, over `steps`
-    (on a machine without a device, the XLA thunks of the host). This is what a phase adds to a round
-    of the engine's device loop, where the host enqueues it while the GPU works on the verify; a
-    back-to-back timing of a small phase alone measures the host launching its ~200 kernels instead
-    (accept + commit of 65 nodes at the real shape: 3.6 ms back to back, 0.88 ms of kernels,
-    bench/results/2026-11-30-h200-verify-profile)."""
-    with _trace(run_step, steps) as xplane:
-        if xplane is None:
-            return dict(error="no xplane.pb written")
-        events, _ = profile.load_events(xplane)
-    return dict(device_ms=sum(e[1] for e in events) / steps / 1e6, kernels=len(events) / steps)
 
 
 # ------------------------------------------------------------------------------------------- breakdown

@@ -148,4 +148,5 @@ def test_bench_runs_and_writes_json(tmp_path):
     bench.main(["--layers", "2", "--iters", "1", "--json", str(tmp_path / "b.json")])
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert [r["impl"] for r in rows] == ["reference"] and rows[0]["us_per_layer"] > 0
+    assert 0 < rows[0]["device_us_per_layer"] < float("inf")                  # from a trace of the loop
     assert rows[0]["bytes_per_layer"] > 48 * 128 * 128 * 4                     # at least the state

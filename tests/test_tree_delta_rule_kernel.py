@@ -213,6 +213,18 @@ def test_triton_lowering(n, precision):
     assert "triangular_solve" not in hlo
 
 
+def test_bench_runs_and_writes_json(tmp_path):
+    """The benchmark at the real head shape (on the CPU: reference and xla, 2 layers, 1 timed call)."""
+    import json
+
+    from pallas_kernels.tree_delta_rule import bench
+    bench.main(["--sizes", "5", "--layers", "2", "--iters", "1", "--json", str(tmp_path / "b.json")])
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["reference", "xla"]
+    assert all(r["us_per_layer"] > 0 and 0 < r["device_us_per_layer"] < float("inf") for r in rows)
+    assert rows[1]["rel_err_vs_reference"] < 1e-4
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 # Reference: reference.py on the same GPU in fp32 with HIGHEST-precision dots (no tf32) and cuBLAS
 # trsm. Bound 1e-4 on max |x - ref| / max |ref|, as on the CPU.

@@ -4,7 +4,8 @@
 
 Each timed call is one jit applying the op `--layers` times in sequence (unrolled like the model's 48
 GDN layers, each layer's state depending on the previous output so that nothing is hoisted), so
-launch overhead is amortised as in a decode step; reported per layer. `--sweep` adds the kernel's
+launch overhead is amortised as in a decode step; reported per layer, synchronised and on the device
+(bench.profile.device_time, the kernels' summed durations). `--sweep` adds the kernel's
 tuning variants (dot precision, value slice, key chunk, warps).
 """
 
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.profile import device_time
 from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
 
 
@@ -80,11 +82,14 @@ def main(argv=None):
                 jax.block_until_ready(run(*args))
                 times.append(time.perf_counter() - t)
             us = float(np.median(times)) / a.layers * 1e6
+            dev_us = device_time(lambda: run(*args)).get("device_ms", float("nan")) * 1e3 / a.layers
             if ref is None:
                 ref = outs
             err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs[:2], ref[:2]))
-            rows.append(dict(n=n, impl=name, us_per_layer=us, rel_err_vs_reference=err, compile_s=compile_s))
-            print(f"N={n:4d} {name:45s} {us:9.1f} us/layer  err {err:.1e}  compile {compile_s:.1f} s", flush=True)
+            rows.append(dict(n=n, impl=name, us_per_layer=us, device_us_per_layer=dev_us, rel_err_vs_reference=err,
+                             compile_s=compile_s))
+            print(f"N={n:4d} {name:45s} {us:9.1f} us/layer (device {dev_us:7.1f})  err {err:.1e}  "
+                  f"compile {compile_s:.1f} s", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
