@@ -603,6 +603,16 @@ def machine_info() -> dict:
                 mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ""))
 
 
+def write_results(path: str, rows: list, **meta) -> None:
+    """A kernel benchmark's JSON: the device, jax, the commit and the machine, then `meta` and the rows;
+    written to a temporary file and moved into place, so a failed run leaves no half-written file."""
+    data = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, git=git_info(), machine=machine_info(),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **meta, rows=rows)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def versions() -> dict:
     import flax
     import jaxlib

@@ -15,13 +15,13 @@ weights, the outputs) over that time, and the kernel's largest relative error ag
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.harness import write_results
 from bench.profile import device_time
 from pallas_kernels.gdn_decode import arg_specs, pallas_triton, reference
 
@@ -75,9 +75,7 @@ def main(argv=None):
               f"{per * 1e3 * arg_specs.REAL_GDN_LAYERS:6.3f} ms per 48 layers  {moved / dev / 1e12:5.2f} TB/s on the device  "
               f"err {err:.1e}  compile {compile_s:.1f} s", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
-                           layers=a.layers, rows=rows), f, indent=1)
+        write_results(a.json, rows, batch=a.batch, layers=a.layers)
 
 
 if __name__ == "__main__":

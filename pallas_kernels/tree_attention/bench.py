@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.harness import write_results
 from pallas_kernels.tree_attention import arg_specs, pallas_triton, reference
 
 
@@ -115,9 +115,7 @@ def main(argv=None):
                       f"({bw / copy_bw:5.1%} of copy)  compile {compile_s:.1f} s", flush=True)
             del caches
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
-                           layers=a.layers, copy_bytes_per_s=copy_bw, rows=rows), f, indent=1)
+        write_results(a.json, rows, batch=a.batch, layers=a.layers, copy_bytes_per_s=copy_bw)
 
 
 if __name__ == "__main__":

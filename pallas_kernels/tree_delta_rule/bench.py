@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.harness import write_results
 from bench.profile import device_time
 from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
 
@@ -91,9 +91,7 @@ def main(argv=None):
             print(f"N={n:4d} {name:45s} {us:9.1f} us/layer (device {dev_us:7.1f})  err {err:.1e}  "
                   f"compile {compile_s:.1f} s", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, batch=a.batch,
-                           layers=a.layers, rows=rows), f, indent=1)
+        write_results(a.json, rows, batch=a.batch, layers=a.layers)
 
 
 if __name__ == "__main__":

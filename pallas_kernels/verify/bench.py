@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
 
+from bench.harness import write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth, timed
 from pallas_kernels.verify import api
 
@@ -47,9 +47,7 @@ def main(argv=None):
                 print(f"R={r:5d} T={t:.1f} {impl:14s} {s * 1e6:9.1f} us  {bw / 1e12:5.2f} TB/s "
                       f"({bw / copy_bw:5.1%} of copy)", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, copy_bytes_per_s=copy_bw,
-                           rows=rows), f, indent=1)
+        write_results(a.json, rows, copy_bytes_per_s=copy_bw)
 
 
 if __name__ == "__main__":
