@@ -346,9 +346,6 @@ def random_tokens(cfg: TargetConfig, batch: int, n: int, seed: int):
 
 # ---------------------------------------------------------------------------------------------- profile
 
-device_time = profile.device_time
-
-
 def profile_steps(run_step, steps: int, module: str, hlo_text: str, dump: Path | None, tag: str) -> dict:
     """Trace `steps` steps (the last one waited for inside the trace) and charge kernels to parts."""
     with profile.trace(run_step, steps) as xplane:

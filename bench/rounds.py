@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from bench import harness as H
+from bench.profile import device_time
 from jaxspec import drafter as DR
 from jaxspec import model as M
 from jaxspec import mtp as MT
@@ -92,7 +93,7 @@ def random_mtp_cache(cfg, rows, batch, max_len, length, seed=6) -> MT.MTPCache:
 
 def back_to_back(fn, args, k=20, warmup=3, thread=None):
     """Median over 5 repeats of (k calls issued back to back, then one sync) / k, in ms; and the device
-    time of a call (H.device_time: its kernels' summed durations, what it adds inside a round).
+    time of a call (bench.profile.device_time: its kernels' summed durations, what it adds inside a round).
 
     thread=(arg, out): output `out` of each call becomes argument `arg` of the next, the way the engine
     threads its donated decoding state (`fn` then donates that argument)."""
@@ -112,7 +113,7 @@ def back_to_back(fn, args, k=20, warmup=3, thread=None):
             out = call()
         jax.block_until_ready(out)
         per.append((time.perf_counter() - t) * 1e3 / k)
-    return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=k) | H.device_time(call)
+    return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), k=k) | device_time(call)
 
 
 def main(argv=None):

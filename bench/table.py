@@ -86,7 +86,7 @@ def ms(ph: dict, key: str, field: str = "median_ms"):
 
 
 def device_ms(ph: dict, key: str):
-    """The phase's device time (kernels per call, bench.harness.device_time), where measured."""
+    """The phase's device time (kernels per call, bench.profile.device_time), where measured."""
     return ms(ph, key, "device_ms")
 
 

@@ -10,8 +10,8 @@ Opt-in through JAXSPEC_GDN_DECODE (read when the model is traced). It passed its
 mode, the Triton lowering for an abstract H200) and its GPU tests on the H200, and in the model it runs
 in 6.5 us a layer (0.31 ms of the 64-layer AR step's kernels). But the AR round did not get shorter:
 15.40 / 15.43 ms without it, 15.36 ms with it (one H200, real shape, 1K context;
-bench/results/2026-11-30-h200-kernel-flags): XLA's own fusions of the one-token step now cost about
-as much. So it is not the default. "reference" leaves the model
+bench/results/2026-11-30-h200-kernel-flags). The step without the flag was not profiled in the same
+session, so what XLA's path costs today is not known. So it is not the default. "reference" leaves the model
 on its general path (`GatedDeltaNet.__call__` for any tree), of which reference.py is the one-node case.
 """
 
