@@ -57,6 +57,7 @@ from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
 from jaxspec.model import Qwen35, init_state
+from pallas_kernels import dispatch
 
 EOS_TOKEN, MASK_TOKEN = "<|endoftext|>", "<|mask|>"
 
@@ -160,7 +161,8 @@ class Trainer:
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
 
     def _train_step(self, params, opt_state, frozen, batch, step, sched):
-        loss, grads = jax.value_and_grad(self.loss_fn)(params, frozen, batch)
+        with dispatch.differentiable():   # the GPU's default kernels have no VJP
+            loss, grads = jax.value_and_grad(self.loss_fn)(params, frozen, batch)
         o = dataclasses.replace(self.opt, warmup=sched[1])
         params, opt_state, gnorm, lr = adamw_update(params, grads, opt_state, step, sched[0], o)
         return params, opt_state, loss, gnorm, lr

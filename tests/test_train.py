@@ -568,3 +568,28 @@ def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()                                     # refused before anything is written
+
+
+def test_training_differentiates_the_jnp_ops_where_kernels_would_run(monkeypatch):
+    """The Pallas kernels have no VJP, and on the GPU they are the default: the first H200 training run after
+    they became it died in jax.grad. The trainer's step traces its loss under dispatch.differentiable(), which
+    swaps a kernel picked by default or by the environment for the op's jnp form. The kernels are forced here
+    through the environment (their interpreted form has no VJP either)."""
+    g, p = nnx.split(tiny_target())
+    stream = np.random.default_rng(0).integers(2, 320, 400).astype(np.int32)
+    batch = train.stream_batches(stream, 2, 24, 0)(0)
+    loss_fn = train.target_loss(g)
+    want_loss, want_grads = jax.value_and_grad(loss_fn)(p, (), batch)       # CPU defaults: jnp ops
+    monkeypatch.setenv("JAXSPEC_TREE_ATTENTION", "pallas_interpret")
+    monkeypatch.setenv("JAXSPEC_TREE_DELTA_RULE", "pallas_interpret")
+    with pytest.raises(Exception):                                         # the premise
+        jax.value_and_grad(loss_fn)(p, (), batch)
+    with train.dispatch.differentiable():
+        loss, grads = jax.value_and_grad(loss_fn)(p, (), batch)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    tr = train.Trainer(loss_fn, p, (), lambda step: batch, steps=3, opt=train.OptConfig(lr=1e-2, warmup=1),
+                       name="lm", log_every=1000)
+    losses = tr.run()
+    assert len(losses) == 3 and np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses

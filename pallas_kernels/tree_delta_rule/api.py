@@ -36,7 +36,7 @@ IMPLEMENTATIONS = ("pallas_triton", "xla", "reference", "pallas_interpret")
 def resolve(n: int, implementation: str | None = None) -> str:
     """The implementation that `tree_delta_rule` runs for a block of n nodes."""
     default = "pallas_triton" if dispatch.on_gpu() and n >= 2 and pallas_triton.supports(n) else "xla"
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation, jnp_default="xla")
 
 
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None):
