@@ -159,11 +159,13 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision"))
-def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=64, key_chunk=32, num_warps=4,
+def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
                     precision="ieee"):
     """Same contract as reference.tree_delta_rule; fp32 throughout.
 
-    interpret: run the kernel bodies on the CPU (tests). block_dv: value columns per `_apply` program;
+    interpret: run the kernel bodies on the CPU (tests). block_dv: value columns per `_apply` program
+    (default: 64 up to 32 nodes, else 128; the H200 sweep of 2026-11-30 timed 11.9 against 14.7 us a layer
+    at N = 16, 39.8 against 30.7 at N = 65, bench/results/2026-11-30-h200-s10-xla-flags-tdr-sweep);
     key_chunk: key dims per partial dot (both powers of two >= 16, clipped to the padded head dims).
     precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
     fp32 (XLA:CPU has no tf32).
@@ -177,7 +179,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=64, 
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
-    block_dv = min(_pow2_at_least_16(block_dv), dvp)
+    block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
 
     def pad(x, widths):
