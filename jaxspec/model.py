@@ -23,6 +23,7 @@ from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm import api as add_norm_api
 from pallas_kernels.gdn_decode import api as gdn_decode_api
 from pallas_kernels.gdn_decode import gdn_decode
+from pallas_kernels import skinny_matmul
 from pallas_kernels.tree_delta_rule import resolve, state_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
@@ -39,7 +40,7 @@ class Linear(nnx.Module):
         self.kernel = _init(rngs, (d_in, d_out), dtype)
 
     def __call__(self, x):
-        return jnp.einsum("...d,df->...f", x, self.kernel[...])
+        return skinny_matmul.matmul(x, self.kernel[...])     # XLA's dot unless JAXSPEC_SKINNY_MATMUL opts in
 
 
 class RMSNorm(nnx.Module):

@@ -1,0 +1,115 @@
+"""Time the skinny matmul against XLA's dot at the real projection shapes of Qwen3.6-27B.
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.skinny_matmul.bench [--rows 16,65] [--shapes a,b] [--sweep]
+        [--json out.json]
+
+Each timed call is one jit of `--layers` products with distinct weights (a layer's weights are streamed
+from HBM as in the model, not re-read from L2; the next input depends on the previous output), bf16.
+Reported per product: synchronised wall time and device time (bench.profile.device_time, the kernels'
+summed durations, the split-K sum included), and the weight bytes over the device time in TB/s: the
+rate that matters, since at 16 and 65 rows every projection is bound by its weight bytes. `--sweep`
+adds tile variants (block_n, block_k, split_k, warps, stages) of the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench.harness import write_results
+from bench.profile import device_time
+from pallas_kernels.skinny_matmul import arg_specs, pallas_triton, reference
+
+SWEEP_TILES = ((64, 128), (128, 64), (128, 128), (256, 64), (128, 256))
+
+
+def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool):
+    impls = {"xla": reference.matmul}
+    if not on_gpu:
+        return impls
+    impls["pallas_triton"] = pallas_triton.matmul
+    if sweep:
+        for bn, bk in SWEEP_TILES:
+            if n % bn or k % bk:
+                continue
+            auto = pallas_triton.tiles(m, k, n, bn, bk)[2]
+            for split in sorted({max(auto // 2, 1), auto, auto * 2}):
+                if k % (bk * split):
+                    continue
+                for warps, stages in ((4, 3), (8, 3), (4, 4)):
+                    impls[f"pallas_triton/n{bn}/k{bk}/s{split}/w{warps}/st{stages}"] = functools.partial(
+                        pallas_triton.matmul, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
+                        num_stages=stages)
+    return impls
+
+
+def stacked(fn, layers):
+    def run(x, ws):
+        y = None
+        for i in range(layers):
+            y = fn(x, ws[i])
+            x = x + (1e-6 * jnp.mean(y.astype(jnp.float32))).astype(x.dtype)   # the next depends on this one
+        return y
+    return jax.jit(run)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default=",".join(map(str, arg_specs.ROWS)))
+    p.add_argument("--shapes", default=",".join(arg_specs.REAL), help="names from arg_specs.REAL")
+    p.add_argument("--layers", type=int, default=8, help="distinct weights per timed call")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    names = a.shapes.split(",")
+    unknown = [s for s in names if s not in arg_specs.REAL]
+    if unknown:
+        p.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(arg_specs.REAL)}")
+    on_gpu = jax.default_backend() == "gpu"
+    rows = []
+    print(f"{jax.devices()[0].device_kind}; bf16, per product, median of {a.iters} calls of {a.layers} products")
+    for name in names:
+        k, n, _ = arg_specs.REAL[name]
+        ws = jnp.stack([arg_specs.make_inputs(i + 1, 1, k, n, jnp.bfloat16)[1] for i in range(a.layers)])
+        gb = k * n * 2 / 1e9
+        for m in map(int, a.rows.split(",")):
+            x = arg_specs.make_inputs(0, m, k, n, jnp.bfloat16)[0]
+            ref = None
+            for impl, fn in implementations(m, k, n, a.sweep, on_gpu).items():
+                run = stacked(fn, a.layers)
+                t0 = time.perf_counter()
+                try:
+                    out = jax.block_until_ready(run(x, ws))
+                except Exception as e:  # a variant that does not compile is a result, not a crash
+                    print(f"{name:16s} M={m:3d} {impl:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}",
+                          flush=True)
+                    rows.append(dict(shape=name, m=m, k=k, n=n, impl=impl, error=str(e)[:500]))
+                    continue
+                compile_s = time.perf_counter() - t0
+                times = []
+                for _ in range(a.iters):
+                    t = time.perf_counter()
+                    jax.block_until_ready(run(x, ws))
+                    times.append(time.perf_counter() - t)
+                us = float(np.median(times)) / a.layers * 1e6
+                dev_us = device_time(lambda: run(x, ws)).get("device_ms", float("nan")) * 1e3 / a.layers
+                ref = out if ref is None else ref
+                err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))
+                            / jnp.max(jnp.abs(ref.astype(jnp.float32))))
+                tb_s = gb / (dev_us * 1e-6) / 1e3
+                rows.append(dict(shape=name, m=m, k=k, n=n, impl=impl, us=us, device_us=dev_us, tb_s=tb_s,
+                                 rel_err_vs_xla=err, compile_s=compile_s))
+                print(f"{name:16s} M={m:3d} {impl:40s} {us:8.1f} us (device {dev_us:7.1f}, {tb_s:5.2f} TB/s)  "
+                      f"err {err:.1e}  compile {compile_s:.1f} s", flush=True)
+    if a.json:
+        write_results(a.json, rows, layers=a.layers, dtype="bfloat16")
+
+
+if __name__ == "__main__":
+    main()
