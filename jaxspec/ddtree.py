@@ -37,6 +37,7 @@ parent 0, depth 1, score -inf, ancestors {root, self} (no row is all-masked), an
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import jax
@@ -109,16 +110,116 @@ def _root_only(root_token, budget):
 
 _VOCAB_CHUNK = 2048
 
+# How the tree's top-k selections run: "sort" (lax.top_k, which XLA's GPU backend lowers to sort kernels)
+# or "count" (each entry's rank counted by comparisons, no sort). On the H200 the sorts were 0.70 of a
+# DDTree(64) round's 0.89 ms tree build: 33 sort kernels, ~30 us each even on 4096 entries
+# (bench/results/2026-11-30-h200-s10-rounds-1k, 16-layer trace). Counting does O(C^2) comparisons, which
+# a GPU can do in one fused reduction and a CPU does slowly. "sort" is the default everywhere until
+# "count" has been timed on the GPU; JAXSPEC_DDTREE_TOP_K=count (read when the tree is traced) opts in.
+# Both give lax.top_k's result exactly on the values build_tree ranks (no NaN, no -0.0).
+# Counting is used only on rows of at most COUNT_MAX entries (16.8M comparisons a row): at the real shape that
+# is every selection of a tree of up to 64 nodes (beams of 64 x 64 candidates, 15 x 64 final entries, the
+# vocabulary in 3880 chunks of 64); larger ones sort.
+TOP_K_ENV = "JAXSPEC_DDTREE_TOP_K"
+TOP_K_METHODS = ("sort", "count")
+COUNT_MAX = 4096
+
+
+def top_k_method(c: int) -> str:
+    """The method for rows of c entries."""
+    m = os.environ.get(TOP_K_ENV) or "sort"
+    if m not in TOP_K_METHODS:
+        raise ValueError(f"{TOP_K_ENV}={m!r}: expected one of {', '.join(TOP_K_METHODS)}")
+    return m if c <= COUNT_MAX else "sort"
+
+
+def count_ranks(x):
+    """Each entry's place in lax.top_k's stable order over the last axis (value descending, then index
+    ascending): how many entries come before it. x without NaN or -0.0 (top_k's total order puts NaN
+    first and -0.0 below 0.0; comparisons do not)."""
+    c = x.shape[-1]
+    i = jnp.arange(c)
+    xi, xj = x[..., :, None], x[..., None, :]
+    before = (xj > xi) | ((xj == xi) & (i[None, :] < i[:, None]))
+    return jnp.sum(before, -1, dtype=jnp.int32)
+
+
+def _place(ranks, k):
+    """[..., C] distinct places -> [..., k] int32: the entry at each place < k (a permutation's inverse)."""
+    lead, c = ranks.shape[:-1], ranks.shape[-1]
+    r = ranks.reshape(-1, c)
+    rows = jnp.arange(r.shape[0])[:, None]
+    src = jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), r.shape)
+    out = jnp.zeros((r.shape[0], k), jnp.int32).at[rows, jnp.where(r < k, r, k)].set(src, mode="drop")
+    return out.reshape(lead + (k,))
+
+
+def counted_top_k(x, k: int):
+    """lax.top_k(x, k) by counting (see count_ranks for the values it takes)."""
+    idx = _place(count_ranks(x), k)
+    return jnp.take_along_axis(x, idx, -1), idx
+
+
+def counted_top_k_set(x, k: int):
+    """The indices of lax.top_k(x, k) in ascending index order, by counting."""
+    chosen = count_ranks(x) < k
+    return _place(jnp.where(chosen, jnp.cumsum(chosen, -1, dtype=jnp.int32) - 1, k), k)
+
+
+def top_k_set(x, k: int):
+    """The indices of lax.top_k(x, k) in ascending index order, by the method in force."""
+    if top_k_method(x.shape[-1]) == "sort":
+        return jnp.sort(jax.lax.top_k(x, k)[1].astype(jnp.int32), axis=-1)
+    return counted_top_k_set(x, k)
+
+
+def top_k(x, k: int):
+    """lax.top_k(x, k) (values, int32 indices) by the method in force."""
+    if top_k_method(x.shape[-1]) == "sort":
+        val, idx = jax.lax.top_k(x, k)
+        return val, idx.astype(jnp.int32)
+    return counted_top_k(x, k)
+
 
 def vocab_top_k(x, k: int):
-    """`lax.top_k` over the last axis in two stages: per chunk of 2048, then over the chunk winners.
+    """`lax.top_k` over the last axis in two stages, without ranking the whole vocabulary at once.
 
-    On the H200 (2026-11-29) XLA lowered top_k over the 248320-token axis to a full sort of it (1.5 ms
-    per tree at B = 64); sorting 2048-wide rows is cheap. Same result as a stable top_k: among equal
-    values, stage 1 keeps the lower index of a chunk first and stage 2 sees the chunks in index order.
+    "sort" (see TOP_K_ENV): per chunk of 2048, then over the chunk winners. On the H200 (2026-11-29) XLA
+    lowered top_k over the 248320-token axis to a full sort of it (1.5 ms per tree at B = 64); sorting
+    2048-wide rows is cheap. "count": the k best chunks by their maximum, then the k best of their entries
+    (_counted_vocab_top_k). Same result as a stable top_k either way: among equal values, the lower index.
     """
-    split = sharding.vocab_top_k(x, k, _chunked_top_k)  # a tensor-parallel vocabulary: per shard, then across
-    return _chunked_top_k(x, k) if split is None else split
+    local = _counted_vocab_top_k if top_k_method(_count_chunking(x.shape[-1], k)[2]) == "count" else _chunked_top_k
+    split = sharding.vocab_top_k(x, k, local)  # a tensor-parallel vocabulary: per shard, then across
+    return local(x, k) if split is None else split
+
+
+def _count_chunking(v: int, k: int) -> tuple[int, int, int]:
+    """(chunk size c, chunks n, the longest row counted) of _counted_vocab_top_k over v entries."""
+    c = max(16, 1 << max(0, (int((v / max(k, 1)) ** 0.5) - 1).bit_length()))
+    n = -(-v // c)
+    return c, n, v if n <= k else max(n, k * c)
+
+
+def _counted_vocab_top_k(x, k: int):
+    """top_k over the last axis by counting, in two small steps. Cut it into n chunks of c entries (c about
+    sqrt(V / k), so that n and k * c are about equal); take the k best chunks by (maximum descending, chunk
+    index ascending), then the k best of their k * c entries. Exact: if an entry x_i of the true top k sat
+    in an unchosen chunk, the k chosen chunks would each hold an entry that comes before x_i (its maximum,
+    which is larger, or equal and at a lower index), so k entries would come before x_i."""
+    v = x.shape[-1]
+    c, n, _ = _count_chunking(v, k)
+    if n <= k:
+        return counted_top_k(x, k)
+    lead = x.shape[:-1]
+    xp = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n * c - v)], constant_values=-jnp.inf)
+    xc = xp.reshape(lead + (n, c))
+    chunks = counted_top_k_set(xc.max(-1), k)                               # [..., k], ascending
+    cand = jnp.take_along_axis(xc, chunks[..., None], -2).reshape(lead + (k * c,))
+    gidx = (chunks[..., None] * c + jnp.arange(c, dtype=jnp.int32)).reshape(lead + (k * c,))
+    val, pos = counted_top_k(cand, k)                                       # cand is in gidx order
+    # Padding (-inf, past every real index) is chosen only when fewer than k entries exist at all.
+    return val, jnp.minimum(jnp.take_along_axis(gidx, pos, -1), v - 1)
 
 
 def _chunked_top_k(x, k: int):
@@ -172,7 +273,7 @@ def build_tree(logp, root_token, budget: int) -> DDTree:
         else:
             # Stable top_k: among equal scores the lower flat index, i.e. the lexicographically
             # smaller tuple, wins. Sorting the winners' indices restores lexicographic order.
-            idx = jnp.sort(jax.lax.top_k(cand, keep)[1].astype(jnp.int32), axis=1)
+            idx = top_k_set(cand, keep)
         scores.append(_gather(cand, idx))
         pars.append(idx // k)
         ranks.append(idx % k)
@@ -209,8 +310,7 @@ def build_tree(logp, root_token, budget: int) -> DDTree:
 
     # Laid out in preorder, a stable top_k orders by (score desc, rank tuple asc): the heap's order.
     n_sel = min(budget, m)
-    sel_score, sel = jax.lax.top_k(score_p, n_sel)
-    sel = sel.astype(jnp.int32)
+    sel_score, sel = top_k(score_p, n_sel)
     node_of = jnp.zeros((b, m), jnp.int32).at[rows, sel].set(jnp.arange(1, n_sel + 1, dtype=jnp.int32))
     sel_parent_pre = _gather(parent_p, sel)
     # A selected node's parent precedes it in the order, so it was selected too (node_of > 0).

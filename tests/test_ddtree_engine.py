@@ -2,6 +2,7 @@
 beyond the number of possible nodes, vocab < B, stop token inside an accepted path, context nearly
 full), the chain-shaped tree equal to the DFlash verify bit for bit, and the sampled distribution."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,6 +45,28 @@ def test_real_drafter_trees_equal_ar(pair, budget):
     ar = Engine(target).generate(prompts, 25).tokens
     out = Engine(target, DFlash(drafter, target.cfg, budget=budget)).generate(prompts, 25, rounds_per_call=4)
     assert out.tokens == ar
+
+
+def test_trees_selected_by_counting_equal_ar(pair, monkeypatch):
+    """The sort-free tree build (JAXSPEC_DDTREE_TOP_K=count, read when the round is traced) in the engine:
+    the same tokens as AR."""
+    target, drafter = pair
+    rs = np.random.RandomState(5)
+    prompts = [rs.randint(0, 512, size=n).tolist() for n in (9, 31)]
+    ar = Engine(target).generate(prompts, 25).tokens
+    from jaxspec import ddtree
+    counted = []
+    rank = ddtree.count_ranks
+    monkeypatch.setattr(ddtree, "count_ranks", lambda x: counted.append(x.shape) or rank(x))
+    monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
+    jax.clear_caches()
+    try:
+        out = Engine(target, DFlash(drafter, target.cfg, budget=30)).generate(prompts, 25, rounds_per_call=4)
+    finally:
+        monkeypatch.delenv("JAXSPEC_DDTREE_TOP_K")
+        jax.clear_caches()
+    assert out.tokens == ar
+    assert len(counted) >= 3, counted          # the vocabulary, the beams and the final pick were counted
 
 
 def test_budget_beyond_possible_nodes_and_vocab_below_budget(small_vocab):
