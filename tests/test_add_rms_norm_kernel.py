@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_tests import on_gpu
+from kernel_tests import check_opt_in_dispatch, on_gpu
 from pallas_kernels.add_rms_norm import api, pallas_triton, reference
 
 
@@ -49,13 +49,7 @@ def test_chunks():
 
 
 def test_dispatch(monkeypatch):
-    monkeypatch.delenv(api.ENV_VAR, raising=False)
-    assert api.resolve() == "reference"                       # opt-in until it has run on the GPU
-    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
-    assert api.resolve() == "pallas_triton" and api.resolve("reference") == "reference"
-    monkeypatch.setenv(api.ENV_VAR, "cuda")
-    with pytest.raises(ValueError, match=api.ENV_VAR):
-        api.resolve()
+    check_opt_in_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
 
 
 @pytest.fixture(scope="module")

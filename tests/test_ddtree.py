@@ -345,17 +345,21 @@ def test_inside_jit_with_traced_inputs():
 # The real shape: V = 248320, D = 15.
 
 
-@pytest.mark.parametrize("budget", [1, 64, 1024])
-def test_real_shape(budget):
-    vocab, depth = 248320, 15
-    rng = np.random.default_rng(budget)
-    # A confident drafter (top-1 about 0.9, then a few runners-up), so the best tree is deep and branchy.
+def confident_logp(rng, depth, vocab):
+    """[1, depth, vocab] log-probs of a confident drafter (top-1 about 0.9, then a few runners-up), so the
+    best tree is deep and branchy."""
     x = rng.normal(size=(1, depth, vocab)).astype(np.float32)
     for d in range(depth):
         picks = rng.choice(vocab, 4, replace=False)
         x[0, d, picks[0]] += np.float32(16.0)
         x[0, d, picks[1:]] += np.float32(11.0)
-    lp = np.asarray(jax.nn.log_softmax(jnp.asarray(x), -1))
+    return np.asarray(jax.nn.log_softmax(jnp.asarray(x), -1))
+
+
+@pytest.mark.parametrize("budget", [1, 64, 1024])
+def test_real_shape(budget):
+    vocab, depth = 248320, 15
+    lp = confident_logp(np.random.default_rng(budget), depth, vocab)
     t0 = time.perf_counter()
     out = jax.block_until_ready(build_tree(jnp.asarray(lp), jnp.array([17], jnp.int32), budget))
     elapsed = time.perf_counter() - t0
@@ -466,13 +470,7 @@ def test_counted_tree_at_the_real_shape_has_no_sort_and_equals_the_sorted_one(to
     """B = 64 at the real vocabulary: counting replaces every sort of the build (0.70 of its 0.89 ms on the
     H200), and the tree is the same, node for node, as with lax.top_k and as the paper's heap's."""
     vocab, depth, budget = 248320, 15, 64
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(1, depth, vocab)).astype(np.float32)
-    for d in range(depth):
-        picks = rng.choice(vocab, 4, replace=False)
-        x[0, d, picks[0]] += np.float32(16.0)
-        x[0, d, picks[1:]] += np.float32(11.0)
-    lp = np.asarray(jax.nn.log_softmax(jnp.asarray(x), -1))
+    lp = confident_logp(np.random.default_rng(3), depth, vocab)
     root = jnp.array([17], jnp.int32)
     trees_by = {}
     for method in ("sort", "count"):

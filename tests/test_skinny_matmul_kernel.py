@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_tests import on_gpu
+from kernel_tests import check_opt_in_dispatch, on_gpu
 from pallas_kernels.skinny_matmul import api, arg_specs, pallas_triton, reference
 
 BOUND = {"float32": 1e-4, "bfloat16": 1e-2}
@@ -65,15 +65,10 @@ def test_kernel_refuses_what_it_does_not_take(m, k, n):
 
 
 def test_dispatch(monkeypatch):
-    monkeypatch.delenv(api.ENV_VAR, raising=False)
-    assert api.resolve() == "reference"                       # opt-in until it has run on the GPU
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve() == "reference"
-    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
-    assert api.resolve() == "pallas_triton" and api.resolve("reference") == "reference"
-    monkeypatch.setenv(api.ENV_VAR, "triton")
-    with pytest.raises(ValueError, match=api.ENV_VAR):
-        api.resolve()
+    check_opt_in_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
+
+
+def test_where_the_kernel_applies():
     assert api.applies((2, 8, 64), (64, 128)) and api.applies((65, 5120), (5120, 17408))
     assert not api.applies((1, 1, 5120), (5120, 17408))      # the decode step keeps XLA's dot
     assert not api.applies((1, 8192, 5120), (5120, 17408))   # so does the prefill
