@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import parse_contexts
+from bench.harness import kernel_flags, parse_contexts
 
 GOALS = {  # issue #6, at 1K context on one H200
     "ar_round": ("<=", 13.5, "ms"),
@@ -233,11 +233,14 @@ def main(argv=None) -> int:
                     block=block, tau=args.tau, real=args.config == "real")
     git = (rounds or {}).get("git") or {}
     machine = (rounds or {}).get("machine") or {}
+    flags = kernel_flags()                            # the parts inherit this environment
     table.update(parts=ran, config=args.config, dtype=args.dtype, contexts=contexts, git=git, machine=machine,
-                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                 flags=flags, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     head = (f"# Issue #6 table: {args.config} shape, {args.dtype}, random weights\n\n"
             f"Commit {git.get('commit', 'unknown')}, {machine.get('device_kind', '?')}, {table['date']}; "
-            f"`python -m bench.table {' '.join(argv if argv is not None else sys.argv[1:])}`.")
+            f"`python -m bench.table {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+            + (f"with {', '.join(f'{k}={v}' for k, v in flags.items())}." if flags else
+               "no JAXSPEC_* flags (every op on its default implementation)."))
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
     (out / "table.md").write_text(markdown(table, head))
     log(f"wrote {out / 'table.md'}")

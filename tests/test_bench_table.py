@@ -64,12 +64,16 @@ def test_compose_of_a_tiny_run_judges_nothing():
     assert any(r["goal"] for r in t["rows"])                                    # shown, not judged
 
 
-def test_parts_past_the_deadline_leave_rows_unmeasured(tmp_path, capsys):
+def test_parts_past_the_deadline_leave_rows_unmeasured(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
+    monkeypatch.setenv("JAXSPEC_COMMIT", "abc1234")
     assert table.main(["--config", "tiny", "--contexts", "64", "--deadline-s", "0.5", "--out", str(tmp_path)]) == 1
     t = json.loads((tmp_path / "table.json").read_text())
     assert set(t["parts"]) == {"rounds", "attention", "prefill"}
     assert all("not started" in p["rc"] for p in t["parts"].values())
-    assert "No roofline" in (tmp_path / "table.md").read_text()
+    md = (tmp_path / "table.md").read_text()
+    assert "No roofline" in md
+    assert t["flags"] == {"JAXSPEC_DDTREE_TOP_K": "count"} and "with JAXSPEC_DDTREE_TOP_K=count." in md
 
 
 @pytest.mark.slow
