@@ -73,6 +73,15 @@ def test_where_the_kernel_applies():
     assert not api.applies((1, 1, 5120), (5120, 17408))      # the decode step keeps XLA's dot
     assert not api.applies((1, 8192, 5120), (5120, 17408))   # so does the prefill
     assert not api.applies((16, 5120), (5120, 48))           # in_proj_a / _b
+    assert not api.applies((16, 64), (64, 128), same_dtype=False)
+
+
+def test_mixed_dtypes_keep_xlas_promotion(monkeypatch):
+    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
+    x, w = arg_specs.make_inputs(0, 16, 64, 128)
+    out = api.matmul(x, w.astype(jnp.bfloat16))
+    ref = reference.matmul(x, w.astype(jnp.bfloat16))
+    assert out.dtype == ref.dtype == jnp.float32 and rel_err(out, ref) == 0
 
 
 def test_no_kernel_under_a_multi_device_mesh():
@@ -104,13 +113,14 @@ def test_linear_runs_the_kernel_where_it_applies(seed, monkeypatch):
         assert out.shape == ref.shape and rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("rows", arg_specs.ROWS)
 @pytest.mark.parametrize("name", ["mlp.gate_proj", "mlp.down_proj"])
-def test_triton_lowering(name):
-    """The compiled path's lowering to Triton IR at real MLP shapes, 65 rows, bf16, for an abstract H200
-    (compiling it needs the GPU): one kernel."""
+def test_triton_lowering(name, rows):
+    """The compiled path's lowering to Triton IR at real MLP shapes, bf16, for an abstract H200 (compiling
+    it needs the GPU): one kernel."""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
     k, n, _ = arg_specs.REAL[name]
-    args = (jax.ShapeDtypeStruct((65, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
+    args = (jax.ShapeDtypeStruct((rows, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
     fn = jax.jit(pallas_triton.matmul)
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
