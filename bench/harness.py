@@ -108,6 +108,19 @@ def time_calls(fn, warmup: int, iters: int) -> dict:
     return summarize(ms)
 
 
+def time_kernel(run, iters: int) -> dict:
+    """A kernel benchmark's timing of `run()` (a jitted call): its first output, the seconds of that first call
+    (compile included), the median of `iters` synchronised calls and the device time of one call (the kernels'
+    summed durations in a trace, bench.profile.device_time), both in seconds. The first call's exception, e.g.
+    a tuning variant that does not compile, propagates."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(run())
+    compile_s = time.perf_counter() - t0
+    wall = time_calls(lambda: jax.block_until_ready(run()), 0, iters)["median_ms"] / 1e3
+    device = profile.device_time(run).get("device_ms", float("nan")) / 1e3
+    return dict(out=out, compile_s=compile_s, wall_s=wall, device_s=device)
+
+
 # The model's parts, named in the HLO metadata while tracing so that profiled kernels can be charged
 # to them. The wrappers only add jax.named_scope; the computation is unchanged.
 _SCOPED = ((M.Attention, "__call__", "attn"), (M.GatedDeltaNet, "__call__", "gdn"), (M.MLP, "__call__", "mlp"),

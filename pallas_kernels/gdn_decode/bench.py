@@ -15,14 +15,11 @@ weights, the outputs) over that time, and the kernel's largest relative error ag
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from bench.harness import write_results
-from bench.profile import device_time
+from bench.harness import time_kernel, write_results
 from pallas_kernels.gdn_decode import arg_specs, pallas_triton, reference
 
 
@@ -54,19 +51,12 @@ def main(argv=None):
     rows, ref = [], None
     for name, fn in impls.items():
         run = stacked(fn, a.layers)
-        t0 = time.perf_counter()
-        outs = jax.block_until_ready(run(stack))
-        compile_s = time.perf_counter() - t0
+        t = time_kernel(lambda: run(stack), a.iters)
+        outs, compile_s = t["out"], t["compile_s"]
         ref = outs if ref is None else ref
         err = max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - r.astype(jnp.float32))) /
                         jnp.max(jnp.abs(r.astype(jnp.float32)))) for x, r in zip(outs, ref))
-        times = []
-        for _ in range(a.iters):
-            t = time.perf_counter()
-            jax.block_until_ready(run(stack))
-            times.append(time.perf_counter() - t)
-        per = float(np.median(times)) / a.layers
-        dev = device_time(lambda: run(stack)).get("device_ms", float("nan")) * 1e-3 / a.layers
+        per, dev = t["wall_s"] / a.layers, t["device_s"] / a.layers
         rows.append(dict(impl=name, us_per_layer=per * 1e6, device_us_per_layer=dev * 1e6,
                          ms_per_step=per * 1e3 * arg_specs.REAL_GDN_LAYERS, bytes_per_layer=moved,
                          bytes_per_s=moved / per, device_bytes_per_s=moved / dev, rel_err_vs_reference=err,

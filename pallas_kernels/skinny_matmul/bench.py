@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from bench.harness import write_results
-from bench.profile import device_time
+from bench.harness import time_kernel, write_results
 from pallas_kernels.skinny_matmul import arg_specs, pallas_triton, reference
 
 SWEEP_TILES = ((64, 128), (128, 64), (128, 128), (256, 64), (128, 256))
@@ -83,22 +80,15 @@ def main(argv=None):
             ref = None
             for impl, fn in implementations(m, k, n, a.sweep, on_gpu).items():
                 run = stacked(fn, a.layers)
-                t0 = time.perf_counter()
                 try:
-                    out = jax.block_until_ready(run(x, ws))
+                    t = time_kernel(lambda: run(x, ws), a.iters)
                 except Exception as e:  # a variant that does not compile is a result, not a crash
                     print(f"{name:16s} M={m:3d} {impl:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}",
                           flush=True)
                     rows.append(dict(shape=name, m=m, k=k, n=n, impl=impl, error=str(e)[:500]))
                     continue
-                compile_s = time.perf_counter() - t0
-                times = []
-                for _ in range(a.iters):
-                    t = time.perf_counter()
-                    jax.block_until_ready(run(x, ws))
-                    times.append(time.perf_counter() - t)
-                us = float(np.median(times)) / a.layers * 1e6
-                dev_us = device_time(lambda: run(x, ws)).get("device_ms", float("nan")) * 1e3 / a.layers
+                out, compile_s = t["out"], t["compile_s"]
+                us, dev_us = t["wall_s"] / a.layers * 1e6, t["device_s"] / a.layers * 1e6
                 ref = out if ref is None else ref
                 err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))
                             / jnp.max(jnp.abs(ref.astype(jnp.float32))))

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from bench.harness import write_results
-from bench.profile import device_time
+from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
 
 
@@ -68,21 +65,14 @@ def main(argv=None):
         ref = None
         for name, fn in implementations(a.sweep, on_gpu).items():
             run = stacked(fn, a.layers)
-            t0 = time.perf_counter()
             try:
-                outs, _ = jax.block_until_ready(run(*args))
+                t = time_kernel(lambda: run(*args), a.iters)
             except Exception as e:  # a tuning variant that does not compile is a result, not a crash
                 print(f"N={n:4d} {name:45s} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
                 rows.append(dict(n=n, impl=name, error=str(e)[:500]))
                 continue
-            compile_s = time.perf_counter() - t0
-            times = []
-            for _ in range(a.iters):
-                t = time.perf_counter()
-                jax.block_until_ready(run(*args))
-                times.append(time.perf_counter() - t)
-            us = float(np.median(times)) / a.layers * 1e6
-            dev_us = device_time(lambda: run(*args)).get("device_ms", float("nan")) * 1e3 / a.layers
+            outs, compile_s = t["out"][0], t["compile_s"]
+            us, dev_us = t["wall_s"] / a.layers * 1e6, t["device_s"] / a.layers * 1e6
             if ref is None:
                 ref = outs
             err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs[:2], ref[:2]))
