@@ -114,8 +114,9 @@ _VOCAB_CHUNK = 2048
 # or "count" (each entry's rank counted by comparisons, no sort). On the H200 the sorts were 0.70 of a
 # DDTree(64) round's 0.89 ms tree build: 33 sort kernels, ~30 us each even on 4096 entries
 # (bench/results/2026-11-30-h200-s10-rounds-1k, 16-layer trace). Counting does O(C^2) comparisons, which
-# a GPU can do in one fused reduction and a CPU does slowly. "sort" is the default everywhere until
-# "count" has been timed on the GPU; JAXSPEC_DDTREE_TOP_K=count (read when the tree is traced) opts in.
+# a GPU does in one fused reduction (16-layer DDTree(64) round 9.31 -> 9.00 ms,
+# bench/results/2026-11-30-h200-s11-kernels) and a CPU does slowly. So "count" is the default on a GPU and
+# "sort" elsewhere; JAXSPEC_DDTREE_TOP_K=sort|count (read when the tree is traced) forces either.
 # Both give lax.top_k's result exactly on the values build_tree ranks (no NaN, no -0.0).
 # Counting is used only on rows of at most COUNT_MAX entries (16.8M comparisons a row): at the real shape that
 # is every selection of a tree of up to 64 nodes (beams of 64 x 64 candidates, 15 x 64 final entries, the
@@ -127,7 +128,7 @@ COUNT_MAX = 4096
 
 def top_k_method(c: int) -> str:
     """The method for rows of c entries."""
-    m = os.environ.get(TOP_K_ENV) or "sort"
+    m = os.environ.get(TOP_K_ENV) or ("count" if jax.default_backend() == "gpu" else "sort")
     if m not in TOP_K_METHODS:
         raise ValueError(f"{TOP_K_ENV}={m!r}: expected one of {', '.join(TOP_K_METHODS)}")
     return m if c <= COUNT_MAX else "sort"

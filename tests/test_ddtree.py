@@ -408,7 +408,7 @@ def test_vocab_top_k_equals_stable_top_k():
         np.testing.assert_array_equal(got[1], want[1])
 
 
-# The sort-free selections (JAXSPEC_DDTREE_TOP_K=count, opt-in). The whole file also passes with
+# The sort-free selections (JAXSPEC_DDTREE_TOP_K=count, the GPU's default). The whole file also passes with
 # the variable set to count (run it so to check every case above); here both methods on the same inputs.
 
 
@@ -452,11 +452,15 @@ def test_counted_selections_equal_top_k(kind):
         np.testing.assert_array_equal(counted_top_k_set(jnp.asarray(x), k), np.sort(np.asarray(idx), -1))
 
 
-def test_count_is_opt_in_and_only_up_to_its_size(monkeypatch):
+def test_count_is_the_gpu_default_and_only_up_to_its_size(monkeypatch):
     from jaxspec import ddtree
     monkeypatch.delenv("JAXSPEC_DDTREE_TOP_K", raising=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert ddtree.top_k_method(4096) == "sort"                 # O(C^2) comparisons: slow on a CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert ddtree.top_k_method(4096) == "sort"                 # until it has been timed on the GPU
+    assert ddtree.top_k_method(4096) == "count" and ddtree.top_k_method(4097) == "sort"
+    monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "sort")
+    assert ddtree.top_k_method(4096) == "sort"
     monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
     assert ddtree.top_k_method(4096) == "count" and ddtree.top_k_method(4097) == "sort"
     monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "sort")

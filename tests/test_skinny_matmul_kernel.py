@@ -49,6 +49,11 @@ def test_tiles():
     assert pallas_triton.tiles(65, 17408, 5120) == (128, 128, 8)      # down_proj: 40 column blocks x 8
     assert pallas_triton.tiles(16, 5120, 17408) == (128, 128, 2)      # gate/up: 136 x 2
     assert pallas_triton.tiles(16, 192, 320) == (64, 64, 1)           # N, K not multiples of 128
+    # fp32 at 65 rows (padded to 128): 128-deep tiles x 3 stages would need 384 KiB of shared memory
+    assert pallas_triton.tiles(65, 5120, 1024, itemsize=4)[:2] == (128, 64)
+    assert pallas_triton.tiles(65, 5120, 1024, itemsize=2)[:2] == (128, 128)
+    with pytest.raises(ValueError, match="shared memory"):
+        pallas_triton.tiles(65, 5120, 1024, block_k=256, itemsize=2, num_stages=4)
     for name, (k, n, _) in arg_specs.REAL.items():
         bn, bk, split = pallas_triton.tiles(65, k, n)
         assert n % bn == 0 and k % (bk * split) == 0, name

@@ -32,13 +32,15 @@ def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool):
     impls["pallas_triton"] = pallas_triton.matmul
     if sweep:
         for bn, bk in SWEEP_TILES:
-            if n % bn or k % bk:
+            if n % bn or k % bk or pallas_triton.smem_bytes(m, bn, bk, 2, 3) > pallas_triton.SMEM_BYTES:
                 continue
             auto = pallas_triton.tiles(m, k, n, bn, bk)[2]
             for split in sorted({max(auto // 2, 1), auto, auto * 2}):
                 if k % (bk * split):
                     continue
                 for warps, stages in ((4, 3), (8, 3), (4, 4)):
+                    if pallas_triton.smem_bytes(m, bn, bk, 2, stages) > pallas_triton.SMEM_BYTES:
+                        continue
                     impls[f"pallas_triton/n{bn}/k{bk}/s{split}/w{warps}/st{stages}"] = functools.partial(
                         pallas_triton.matmul, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
                         num_stages=stages)

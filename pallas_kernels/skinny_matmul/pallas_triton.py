@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 NUM_SMS = 132          # H200
+SMEM_BYTES = 232448    # H200 shared memory a block may take (what Triton's launch reported as available)
 MAX_ROWS = 128
 BLOCK = 64             # K and N must be multiples of this (the smallest tile side tried)
 
@@ -35,13 +36,26 @@ def _pow2_at_least_16(x: int) -> int:
     return max(16, 1 << (x - 1).bit_length())
 
 
+def smem_bytes(m: int, block_n: int, block_k: int, itemsize: int, num_stages: int) -> int:
+    """Shared memory of one program: `num_stages` buffers of the x and w tiles (the rows padded)."""
+    return num_stages * (_pow2_at_least_16(m) + block_n) * block_k * itemsize
+
+
 def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | None = None,
-          split_k: int | None = None) -> tuple[int, int, int]:
+          split_k: int | None = None, itemsize: int = 2, num_stages: int = 3) -> tuple[int, int, int]:
     """(block_n, block_k, split_k) for these sizes: the given ones, else 128-wide column blocks (64 when
-    N is not a multiple of 128), 128-deep K tiles (64 likewise), and enough K slices for about two
-    programs per SM, each slice a whole number of K tiles."""
+    N is not a multiple of 128), 128-deep K tiles (64 likewise, and 64 where 128 would not fit the shared
+    memory: fp32 at 65..128 rows), and enough K slices for about two programs per SM, each slice a whole
+    number of K tiles."""
     block_n = block_n or (128 if n % 128 == 0 else 64)
-    block_k = block_k or (128 if k % 128 == 0 else 64)
+    if block_k is None:
+        block_k = 128 if k % 128 == 0 else 64
+        if smem_bytes(m, block_n, block_k, itemsize, num_stages) > SMEM_BYTES:
+            block_k = 64
+    need = smem_bytes(m, block_n, block_k, itemsize, num_stages)
+    if need > SMEM_BYTES:
+        raise ValueError(f"skinny matmul: tiles block_n={block_n}, block_k={block_k} x {num_stages} stages at "
+                         f"{m} rows need {need} bytes of shared memory, more than the {SMEM_BYTES} a block has")
     if n % block_n or k % block_k:
         raise ValueError(f"skinny matmul: K={k}, N={n} are not multiples of block_k={block_k}, block_n={block_n}")
     if split_k is None:
@@ -75,7 +89,7 @@ def matmul(x, w, *, interpret=False, block_n=None, block_k=None, split_k=None, n
     if not supports(m, k, n):
         raise ValueError(f"skinny matmul kernel takes 2..{MAX_ROWS} rows and K, N multiples of {BLOCK}; "
                          f"got x {x.shape}, w {w.shape}")
-    block_n, block_k, split_k = tiles(m, k, n, block_n, block_k, split_k)
+    block_n, block_k, split_k = tiles(m, k, n, block_n, block_k, split_k, jnp.dtype(w.dtype).itemsize, num_stages)
     rows = _pow2_at_least_16(m)
     xp = jnp.pad(x.astype(w.dtype), ((0, rows - m), (0, 0)))
     ks = k // split_k
