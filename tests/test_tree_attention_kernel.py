@@ -204,9 +204,30 @@ def test_gpu_sizes(seed, n, prefix):
 
 
 @on_gpu
-@pytest.mark.parametrize("block_q,block_k,num_warps", [(16, 64, 4), (32, 32, 4), (16, 128, 8), (64, 64, 4)])
+@pytest.mark.parametrize("block_q,block_k,num_warps", [(16, 64, 4), (32, 32, 4), (16, 128, 8), (64, 64, 4),
+                                                     (64, 64, 8), (128, 64, 8)])
 def test_gpu_tuning_variants(seed, block_q, block_k, num_warps):
     _gpu_check(seed, Spec(2, 65, 8192, dtype="bfloat16"), block_q=block_q, block_k=block_k, num_warps=num_warps)
+
+
+def test_default_tiles():
+    """At the real head shape: 64 x 32 tiles on 4 warps for bf16 trees (the H200's fastest at N = 65, 128K),
+    16-row blocks of 64 keys for one node, fp32 within the shared memory; explicit choices are kept."""
+    hd, g = arg_specs.REAL_HEAD_DIM, arg_specs.REAL_HEADS // arg_specs.REAL_KV_HEADS
+    assert pallas_triton.tiles(65 * g, hd, 2) == (64, 32, 4)
+    assert pallas_triton.tiles(16 * g, hd, 2) == (64, 32, 4)
+    assert pallas_triton.tiles(1 * g, hd, 2) == (16, 64, 4)
+    assert pallas_triton.tiles(65 * g, hd, 4) == (32, 32, 4)
+    assert pallas_triton.tiles(65 * g, 128, 2) == (64, 64, 4)
+    assert pallas_triton.tiles(65 * g, hd, 2, block_q=128, block_k=64) == (128, 64, 8)
+
+
+def test_kernel_default_tiles_at_the_real_head_shape(seed):
+    """The bf16 defaults (64 x 32 tiles) in interpret mode: 24 q / 4 kv heads of 256, a 65-node tree."""
+    args = make_inputs(seed, Spec(1, 65, 70, arg_specs.REAL_HEADS, arg_specs.REAL_KV_HEADS, arg_specs.REAL_HEAD_DIM,
+                                  dtype="bfloat16"))
+    ref = reference.tree_attention(*(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in args))
+    assert_matches(interpret(*args), ref, BOUND["bfloat16"])
 
 
 @pytest.mark.parametrize("dtype,block_q,block_k", [("bfloat16", 64, 64), ("float32", 32, 32)])

@@ -9,6 +9,12 @@ once, in tiles of [block_k, block_n], by a grid of (N / block_n) column blocks x
 the rows (padded to a power of two >= 16, Triton's smallest dot) ride along. Each program accumulates
 its [rows, block_n] tile in fp32 over its K slice (a loop Triton pipelines, `num_stages` deep) and
 writes it; the split_k partials are summed by XLA (rows x N x split_k fp32, a few MB at most).
+
+Measured on the H200 (bench/results/2026-11-30-h200-s11-kernels): it streams 1.1-1.3 TB/s at every tile,
+split and warp count tried, where XLA does 3.6 (16 rows) and 2.5 (65 rows); the 16-layer DFlash round
+went 6.65 -> 7.04 ms with it and DDTree(64) 9.31 -> 10.76. So it stays opt-in
+(JAXSPEC_SKINNY_MATMUL=pallas_triton) until the cause of that ceiling is found. What XLA does instead:
+64 rows 3.1 TB/s, 65 rows 2.5 (a cuBLAS cliff), so a DDTree budget of 63 (a 64-row verify) beats 64.
 """
 
 from __future__ import annotations

@@ -132,6 +132,29 @@ def smem_bytes(block_q, block_k, hd, itemsize, num_stages):
     return ((num_stages + 1) * block_k * hd * itemsize + block_q * hd * itemsize + 2 * block_q * block_k * 4)
 
 
+def tiles(rows, hd, itemsize, num_stages=2, block_q=None, block_k=None, num_warps=None, check=True):
+    """(block_q, block_k, num_warps): the given ones, else the defaults for `rows` query rows of head_dim `hd`.
+    block_q: up to 64 rows for 16-bit caches, 32 for fp32 (fp32 tiles take twice the registers, and fp32 dots
+    run as FMA, not on tensor cores). block_k: the largest tile up to 64 keys whose pipeline fits in shared
+    memory (fp32 at hd 256: 32), but 32 with a query block of 64 x 256 or more. num_warps: 8 above a
+    64 x 256 query block, else 4. On the H200 at a 128K prefix, N = 65, bf16 (per layer): 64 x 32 on 4 warps
+    946 us, 64 x 64 on 8 warps (the earlier default) 1602, on 4 warps 1364; 128 x 64 on 8 warps 1055, on 4
+    2952 (bench/results/2026-11-30-h200-s11-rounds/k3_ta.log). check: refuse an explicit tile that cannot fit."""
+    block_q = block_q or min(64 if itemsize == 2 else 32, max(16, pl.next_power_of_2(rows)))
+    big_q = block_q * hd >= 64 * 256
+    if block_k is None:
+        block_k = 32 if big_q else 64
+        while block_k > 16 and smem_bytes(block_q, block_k, hd, itemsize, num_stages) > SMEM_LIMIT:
+            block_k //= 2
+    elif check and smem_bytes(block_q, block_k, hd, itemsize, num_stages) > SMEM_LIMIT:
+        raise ValueError(f"tree_attention kernel: block_q={block_q}, block_k={block_k}, num_stages={num_stages} at "
+                         f"head_dim {hd} ({itemsize}-byte cache) needs about "
+                         f"{smem_bytes(block_q, block_k, hd, itemsize, num_stages)} bytes of shared memory, "
+                         f"more than the {SMEM_LIMIT} a block may have; use a smaller block_k or block_q")
+    num_warps = num_warps or (8 if block_q * hd > 64 * 256 else 4)
+    return block_q, block_k, num_warps
+
+
 @functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
                                              "num_stages"))
 def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
@@ -146,19 +169,8 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
                          f"cache length {length} >= 16")
     group = h // kvh
     rows = n * group
-    # fp32 tiles take twice the registers (and fp32 dots run as FMA, not on tensor cores)
-    block_q = block_q or min(64 if keys.dtype.itemsize == 2 else 32, max(16, pl.next_power_of_2(rows)))
-    itemsize = keys.dtype.itemsize
-    if block_k is None:
-        # The largest tile up to 64 keys whose pipeline fits in shared memory (fp32 at hd 256: 32).
-        block_k = 64
-        while block_k > 16 and smem_bytes(block_q, block_k, hd, itemsize, num_stages) > SMEM_LIMIT:
-            block_k //= 2
-    elif not interpret and smem_bytes(block_q, block_k, hd, itemsize, num_stages) > SMEM_LIMIT:
-        raise ValueError(f"tree_attention kernel: block_q={block_q}, block_k={block_k}, num_stages={num_stages} at "
-                         f"head_dim {hd} ({keys.dtype}) needs about "
-                         f"{smem_bytes(block_q, block_k, hd, itemsize, num_stages)} bytes of shared memory, "
-                         f"more than the {SMEM_LIMIT} a block may have; use a smaller block_k or block_q")
+    block_q, block_k, num_warps = tiles(rows, hd, keys.dtype.itemsize, num_stages, block_q, block_k, num_warps,
+                                        check=not interpret)
     block_k = min(block_k, 1 << (length.bit_length() - 1))      # a tile fits in the cache
     row_blocks = pl.cdiv(rows, block_q)
     r_pad = row_blocks * block_q
@@ -173,7 +185,6 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
 
     f32 = jnp.float32
     precision = lax.Precision.HIGHEST if (interpret or keys.dtype == f32) else lax.Precision.DEFAULT
-    num_warps = num_warps or (8 if block_q * hd >= 64 * 256 else 4)
     cache = pl.BlockSpec((None, length, None, hd), lambda bi, ki, si, ri: (bi, 0, ki, 0))
     per_row = lambda *blk: pl.BlockSpec((None, None, None, block_q) + blk,
                                         lambda bi, ki, si, ri: (bi, ki, si, ri) + (0,) * len(blk))
