@@ -1,6 +1,6 @@
 """Training: DFlash drafters for a frozen target (reference/dflash.md section 4), and the small demo pair.
 
-    python -m jaxspec.train pair --out DIR [--time-budget-s 480] [--tiny]
+    python -m jaxspec.train pair --out DIR [--time-budget-s 480] [--tiny] [--no-eval]
         corpus (the Python standard library's own .py source, some files held out) -> byte-level BPE
         tokenizer -> a small Qwen3.6-architecture target (GDN + gated attention) -> the drafter's data (the
         target teacher-forced over the corpus and its greedy generations, or either alone: --drafter-data) -> a
@@ -975,7 +975,6 @@ def git_commit() -> str:
 
 
 def run_pair(args) -> int:
-    from convert.drafter import load_drafter
     from convert.hf import load_target
     from jaxspec.export import export_drafter, export_target
     from jaxspec.plot import loss_curve_png
@@ -1082,7 +1081,8 @@ def run_pair(args) -> int:
         if data == "greedy":
             cache, done, positions = gcache, n_seq, g_positions
 
-    # 4. Drafter.
+    # 4. Drafter: until 72% of the budget, or 95% when there is no evaluation to run.
+    d_end = 0.95 if args.no_eval else 0.72
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
     dgraph, dparams = nnx.split(drafter)
     loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
@@ -1101,12 +1101,12 @@ def run_pair(args) -> int:
                   steps=s.d_max_steps, opt=OptConfig(lr=s.d_lr, warmup=min(200, s.d_max_steps // 10)),
                   ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter")
     if not dtr.restore():
-        dtr.steps = calibrate_steps(dtr, at(0.70) - time.time(), cap=s.d_max_steps)
+        dtr.steps = calibrate_steps(dtr, at(d_end - 0.02) - time.time(), cap=s.d_max_steps)
         dtr.warmup = min(200, max(dtr.steps // 25, 1))
     epochs = epochs_at(dtr.steps)
     warn_epochs("drafter", epochs, s.d_max_epochs)
     results["drafter_data"]["epochs"] = epochs
-    dtr.run(deadline=at(0.72))
+    dtr.run(deadline=at(d_end))
     loss_curve_png(out / "drafter_loss.png", dtr.losses)
     if ddir.exists():
         shutil.rmtree(ddir)
@@ -1118,15 +1118,10 @@ def run_pair(args) -> int:
     log(f"drafter: {dtr.step} steps, loss {results['drafter']['final_loss']:.3f}; exported to {ddir}")
 
     # 5. Held-out evaluation, on the exported files.
-    eval_prompts = prompts_from(held_docs, s.eval_prompts, s.prompt_len, args.seed + 4)
-    target = load_target(tdir, dtype=args.eval_dtype)
-    drafter = load_drafter(ddir, dtype=args.eval_dtype)
-    results["eval"] = {"prompts": int(len(eval_prompts)), "prompt_len": s.prompt_len, "max_new_tokens": s.eval_new,
-                       "dtype": args.eval_dtype, "greedy": True, "batch": 1, "block": s.block,
-                       "matmul_precision": "highest"}
-    with jax.default_matmul_precision("highest"):
-        results["eval"]["methods"] = evaluate(target, drafter, eval_prompts, s.eval_new, s.block, tuple(s.budgets),
-                                              deadline=t_start + budget)
+    if args.no_eval:
+        results["eval"] = {"skipped": "--no-eval (run `python -m jaxspec.train eval` on the unpacked pair)"}
+    else:
+        evaluate_pair(results, s, args, held_docs, tdir, ddir, t_start + budget)
     results["wall_s"] = time.time() - t_start
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     shutil.copyfile(out / "results.json", pair / "results.json")
@@ -1135,6 +1130,22 @@ def run_pair(args) -> int:
     pack(pair, out, part_bytes=args.part_mb * 2**20)
     log(f"pair: done in {results['wall_s']:.0f}s; results in {out / 'results.json'}")
     return 0
+
+
+def evaluate_pair(results, s, args, held_docs, tdir, ddir, deadline):
+    """The pair's held-out evaluation (results["eval"]), on its exported files, until `deadline`."""
+    from convert.drafter import load_drafter
+    from convert.hf import load_target
+
+    eval_prompts = prompts_from(held_docs, s.eval_prompts, s.prompt_len, args.seed + 4)
+    target = load_target(tdir, dtype=args.eval_dtype)
+    drafter = load_drafter(ddir, dtype=args.eval_dtype)
+    results["eval"] = {"prompts": int(len(eval_prompts)), "prompt_len": s.prompt_len, "max_new_tokens": s.eval_new,
+                       "dtype": args.eval_dtype, "greedy": True, "batch": 1, "block": s.block,
+                       "matmul_precision": "highest"}
+    with jax.default_matmul_precision("highest"):
+        results["eval"]["methods"] = evaluate(target, drafter, eval_prompts, s.eval_new, s.block, tuple(s.budgets),
+                                              deadline=deadline)
 
 
 def rebuild(cls, cfg, params):
@@ -1305,6 +1316,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the target's hidden size (default: 256; heads, GDN heads and FFN scale with it, the drafter "
                         "follows); a wider target writes more confident continuations for the drafter to learn")
     a.add_argument("--target-layers", type=int, default=None, help="the target's layers (default: 8; >= 4)")
+    a.add_argument("--no-eval", action="store_true",
+                   help="skip the held-out evaluation (run `jaxspec.train eval` later); the drafter gets its time")
     a.set_defaults(func=run_pair)
     d = sub.add_parser("drafter", help="train (or continue, --init) a DFlash drafter for an existing target")
     d.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")

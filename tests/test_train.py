@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import zlib
 
 import jax
@@ -542,6 +543,19 @@ def test_pair_tiny_end_to_end(tmp_path):
                        text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "speedup" in r.stderr and "ddtree" in r.stderr
+
+
+@pytest.mark.slow
+def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
+    """--no-eval: no held-out evaluation (the drafter may train until 95% of the budget instead of 72%); the
+    pair is still trained, exported and packed."""
+    out = tmp_path / "out"
+    t0 = time.time()
+    assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert "methods" not in res["eval"] and "--no-eval" in res["eval"]["skipped"]
+    assert res["drafter"]["steps"] > 0 and sorted(out.glob("pair.tar.*"))
+    assert time.time() - t0 < 50 * 1.15 + 30            # the budget, plus the export and packing
 
 
 def test_pair_sizes_resize_the_target_and_the_drafter_follows():
