@@ -24,7 +24,7 @@ from pallas_kernels.add_rms_norm import api as add_norm_api
 from pallas_kernels.gdn_decode import api as gdn_decode_api
 from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels import skinny_matmul
-from pallas_kernels.tree_delta_rule import resolve, state_at, tree_delta_rule
+from pallas_kernels.tree_delta_rule import resolve, state_at, states_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
 
@@ -409,17 +409,21 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     hist = cfg.conv_kernel - 1
     win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
     win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
-    conv, ssm = [], []
+    conv, bases, g_lasts = [], [], []
     for s0, h0, p in zip(state.ssm, state.conv, pending.gdn):
         base = s0
         if p.s_mid.shape[1]:
             mids = jnp.concatenate([s0[:, None], p.s_mid], 1)
             base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
-        g_last = jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0]
-        rep = cfg.linear_num_value_heads // cfg.linear_num_key_heads
-        s1 = state_at(base, jnp.repeat(p.k, rep, 2), p.delta, p.G, anc_row, g_last)
-        ssm.append(jnp.where(keep[:, None, None, None], s1, s0))
+        bases.append(base)
+        g_lasts.append(jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0])
         ext = jnp.concatenate([h0.astype(p.conv_in.dtype), p.conv_in], 1)
         h1 = jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype)
         conv.append(jnp.where(keep[:, None, None], h1, h0))
+    ssm = []
+    if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
+        gdn = pending.gdn
+        s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
+                        rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads)
+        ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]
     return State(start + n, keys, values, tuple(conv), tuple(ssm))

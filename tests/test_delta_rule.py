@@ -47,3 +47,23 @@ def test_tree_nodes_equal_path_recurrence():
         np.testing.assert_allclose(o[:, i], o_ref[:, -1], rtol=1e-4, atol=1e-5)
         s = state_at(s0, k, delta, G, jnp.asarray(anc[i][None]), G[:, i])
         np.testing.assert_allclose(s, s_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_states_at_equals_state_at_per_layer():
+    """The commit's batched form: several layers after one node, key heads shared by `rep` value heads."""
+    from pallas_kernels.tree_delta_rule.reference import states_at
+    rng = np.random.default_rng(3)
+    b, n, hk, rep, dk, dv, layers = 2, 9, 2, 3, 5, 4, 3
+    h = hk * rep
+    anc_row = jnp.asarray(rng.random((b, n)) < 0.6)
+    s0s = [jnp.asarray(rng.normal(size=(b, h, dk, dv)), jnp.float32) for _ in range(layers)]
+    ks = [jnp.asarray(rng.normal(size=(b, n, hk, dk)), jnp.float32) for _ in range(layers)]
+    deltas = [jnp.asarray(rng.normal(size=(b, n, h, dv)), jnp.float32) for _ in range(layers)]
+    Gs = [jnp.asarray(-np.cumsum(rng.random((b, n, h)), 1), jnp.float32) for _ in range(layers)]
+    G_nodes = [G[:, 5] for G in Gs]
+    got = states_at(s0s, ks, deltas, Gs, anc_row, G_nodes, rep=rep)
+    assert len(got) == layers
+    for l in range(layers):
+        want = state_at(s0s[l], jnp.repeat(ks[l], rep, 2), deltas[l], Gs[l], anc_row, G_nodes[l])
+        np.testing.assert_allclose(got[l], want, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(got[l], s0s[l])            # the update is not empty

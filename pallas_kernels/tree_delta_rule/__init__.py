@@ -6,6 +6,6 @@ Pallas GPU kernels and the jnp implementations (api.py); reference.py is the spe
 """
 
 from pallas_kernels.tree_delta_rule.api import ENV_VAR, IMPLEMENTATIONS, resolve, tree_delta_rule
-from pallas_kernels.tree_delta_rule.reference import state_at
+from pallas_kernels.tree_delta_rule.reference import state_at, states_at
 
-__all__ = ["tree_delta_rule", "state_at", "resolve", "ENV_VAR", "IMPLEMENTATIONS"]
+__all__ = ["tree_delta_rule", "state_at", "states_at", "resolve", "ENV_VAR", "IMPLEMENTATIONS"]
