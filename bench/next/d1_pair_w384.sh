@@ -9,6 +9,6 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 mkdir -p /tmp/d1 .gpu
 trap 'cp /tmp/d1/p/pair.tar.* $OUT/ 2>/dev/null; (cd /tmp/d1 && tar czf $OUT/d1.tgz --exclude="pair.tar.*" .); tail -n 20 /tmp/d1/pair.log' EXIT
-JAX_PLATFORMS=cuda timeout 565 python -m jaxspec.train pair --out /tmp/d1/p --work .gpu/w384 --target-width 384 \
+JAX_PLATFORMS=cuda timeout $(( ${BUDGET:-530} + 35 )) python -m jaxspec.train pair --out /tmp/d1/p --work .gpu/w384 --target-width 384 \
   --drafter-data greedy --no-eval --time-budget-s ${BUDGET:-530} > /tmp/d1/pair.log 2>&1
 echo "pair rc=$?" >> /tmp/d1/pair.log

@@ -10,8 +10,8 @@ SEED=${SEED:-21} FROM=${FROM:-.gpu/w384/pair/drafter} RUN=${RUN:-.gpu/run2}
 mkdir -p /tmp/d2
 trap 'cp $RUN/drafter_loss.png /tmp/d2/ 2>/dev/null; cp -r $RUN/drafter /tmp/d2/ 2>/dev/null; (cd /tmp/d2 && tar czf $OUT/d2.tgz .); tail -5 /tmp/d2/train.log' EXIT
 TRAIN_FILES=$(python -c "from jaxspec.train import stdlib_files, split_files; print(' '.join(map(str, split_files(stdlib_files())[0])))")
-JAX_PLATFORMS=cuda timeout 565 python -m jaxspec.train drafter --target .gpu/w384/pair/target --text $TRAIN_FILES \
+JAX_PLATFORMS=cuda timeout $(( ${BUDGET:-520} + 45 )) python -m jaxspec.train drafter --target .gpu/w384/pair/target --text $TRAIN_FILES \
   --mask-token-id 1 --init $FROM --data greedy --prompt-len 64 --gen-new 192 --gen-batch 4096 --sequences 65536 \
   --batch 64 --anchors 16 --steps 80000 --lr 6e-4 --ckpt-every 10000 --dtype bfloat16 --seed $SEED \
-  --time-budget-s 520 --out $RUN > /tmp/d2/train.log 2>&1
+  --time-budget-s ${BUDGET:-520} --out $RUN > /tmp/d2/train.log 2>&1
 echo "rc=$?" >> /tmp/d2/train.log
