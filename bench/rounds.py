@@ -252,7 +252,7 @@ def main(argv=None):
                                                               nnx.merge(gd, tp).unembedding(), bs)))
             ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
             log(f"draft {ph['draft']}")
-            logits = draft(dp, tp, cache, pending)
+            logits, _ = draft(dp, tp, cache, pending)
             del cache
 
             # The state is donated and threaded from call to call, as in the engine's round (an undonated

@@ -47,7 +47,7 @@ class DFlash(Speculator):
         return self._drafter(params).add_context(cache, taps, n)
 
     def propose(self, params, model, cache, pending, key, sampling):
-        logits = self._drafter(params).draft(cache, pending, model.embed_tokens[...], model.unembedding(),
+        logits, cache = self._drafter(params).draft(cache, pending, model.embed_tokens[...], model.unembedding(),
                                              self.block_size)                           # [B, bs-1, V]
         b = pending.shape[0]
         if self.budget is not None:

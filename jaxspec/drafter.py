@@ -3,8 +3,11 @@
 Target hidden states (the taps) enter every layer only as extra keys/values, and a layer's context K/V
 depend on the fused taps alone, not on the layer's input. So the context K/V of all layers are computed
 once per new context row (`add_context`) and cached; a draft (`draft`) runs only the block
-[anchor, MASK x (block_size - 1)] as queries over cached context + the block itself, and never caches the
-block. The drafter has no embedding or lm_head: `draft` takes the target's.
+[anchor, MASK x (block_size - 1)] as queries over cached context + the block itself. A full-attention
+layer writes the block's K/V into its cache rows just past the context (scratch: masked until the next
+`add_context` overwrites them) and attends with the target's tree attention (the Pallas kernel on GPU,
+which reads only the rows up to the block's end, not the whole cache); sliding-window layers attend over
+their ring in jnp. The drafter has no embedding or lm_head: `draft` takes the target's.
 
 Parameter names mirror the checkpoint keys (`fc.weight` -> `fc.kernel`, `layers.{i}.self_attn.q_proj...`).
 """
@@ -20,7 +23,7 @@ from flax import nnx
 
 from jaxspec import sharding
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.model import Linear, RMSNorm, mask_vocab, rope
+from jaxspec.model import Linear, RMSNorm, cached_tree_attention, mask_vocab, rope
 
 
 def _norm(cfg: DrafterConfig, dim: int):
@@ -60,13 +63,20 @@ class DrafterAttention(nnx.Module):
         k = rope(k, positions, cfg.head_dim, cfg.rope_theta)
         return k, self.v_proj(x).reshape(b, n, cfg.num_kv_heads, cfg.head_dim)
 
+    def queries(self, x, positions):
+        """Queries (q_norm, then RoPE at `positions` [B,N]) of x [B,N,D]: [B,N,H,hd]."""
+        cfg = self.cfg
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(b, n, cfg.num_heads, cfg.head_dim))
+        return rope(q, positions, cfg.head_dim, cfg.rope_theta)
+
     def __call__(self, x, positions, keys, values, visible):
         """x [B,N,D] block at `positions` [B,N]; keys/values [B,L,KV,hd] the cached context; visible
         [B,N,L+N] over (context rows, block rows)."""
         cfg = self.cfg
         b, n, _ = x.shape
         hd, kvh = cfg.head_dim, cfg.num_kv_heads
-        q = rope(self.q_norm(self.q_proj(x).reshape(b, n, cfg.num_heads, hd)), positions, hd, cfg.rope_theta)
+        q = self.queries(x, positions)
         kb, vb = self.kv(x, positions)
         k = jnp.concatenate([keys.astype(kb.dtype), kb], 1)
         v = jnp.concatenate([values.astype(vb.dtype), vb], 1)
@@ -76,6 +86,20 @@ class DrafterAttention(nnx.Module):
         probs = jax.nn.softmax(scores, -1).astype(v.dtype)
         out = jnp.einsum("bkgnl,blkh->bnkgh", probs, v).reshape(b, n, cfg.num_heads * hd)
         return self.o_proj(out.astype(x.dtype))
+
+    def over_cache(self, x, start, keys, values, anc):
+        """The block x [B,N,D] at positions start .. start+N-1 ([B] start) over a full (not ring) cache
+        keys/values [B,L,KV,hd] with L >= start + N: the block's K/V go into rows start .. start+N-1, and
+        slot i sees the context rows < start and block slot j iff anc[b, i, j] ([B,N,N]).
+        Returns (out [B,N,D], keys, values), the cache with those rows written."""
+        b, n, _ = x.shape
+        positions = start[:, None] + jnp.arange(n, dtype=jnp.int32)[None]
+        kb, vb = self.kv(x, positions)
+        batch = jnp.arange(b)[:, None]
+        keys = keys.at[batch, positions].set(kb.astype(keys.dtype), mode="drop")
+        values = values.at[batch, positions].set(vb.astype(values.dtype), mode="drop")
+        out = cached_tree_attention(self.queries(x, positions).astype(keys.dtype), keys, values, start, anc)
+        return self.o_proj(out.reshape(b, n, -1).astype(x.dtype)), keys, values
 
 
 class DrafterLayer(nnx.Module):
@@ -90,7 +114,9 @@ class DrafterLayer(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class DrafterCache:
     """Context K/V per layer, batch axis first. Windowed layers keep a ring of min(window, max_len) rows
-    (row = position mod rows); the others keep max_len rows (row = position). Block K/V are never here."""
+    (row = position mod rows); the others keep max_len + block_size rows (row = position), the last
+    block_size of them room for a draft's block past a context of max_len. Rows at and past `length` are
+    scratch (a full layer's last drafted block): masked, and overwritten by `add_context`."""
 
     length: jax.Array               # [B] int32 context rows added = position of the next anchor
     keys: tuple[jax.Array, ...]     # per layer [B, rows, KV, hd], post k_norm, post RoPE
@@ -171,12 +197,13 @@ class Drafter(nnx.Module):
         return DrafterCache(cache.length + n_new, tuple(keys), tuple(values))
 
     def draft(self, cache: DrafterCache, anchor, embed, lm_head_kernel, block_size: int | None = None):
-        """Logits [B, block_size - 1, V] (fp32) for the block [anchor, MASK x (block_size - 1)] at positions
-        length .. length + block_size - 1 (block slot j predicts the token at length + j).
+        """(logits [B, block_size - 1, V] (fp32), cache) for the block [anchor, MASK x (block_size - 1)] at
+        positions length .. length + block_size - 1 (block slot j predicts the token at length + j).
 
         anchor [B] int: the last committed token (not yet in the context). embed [V, D]: the target's raw
         embedding table; lm_head_kernel [D, V]: the target's lm_head (embed.T when tied). `block_size` is
-        static; None means cfg.block_size. The cache is not modified.
+        static; None means cfg.block_size. The returned cache has the same context (and `length`); only
+        its scratch rows past the context changed (the full layers' block K/V).
         """
         cfg = self.cfg
         bs = cfg.block_size if block_size is None else int(block_size)
@@ -186,24 +213,35 @@ class Drafter(nnx.Module):
         x = sharding.vocab_rows(embed, tokens).astype(cfg.jnp_dtype)
         start = cache.length
         q_pos = start[:, None] + jnp.arange(bs, dtype=jnp.int32)[None]
+        keys, values = [], []
         for layer, kc, vc, causal, window in zip(self.layers, cache.keys, cache.values, cfg.causal, cfg.windows):
-            k_pos = _row_positions(start, kc.shape[1], window is not None)
-            filled = (k_pos >= 0) & (k_pos < start[:, None])
-            vis = jnp.concatenate([
-                filled[:, None, :] & _visible(q_pos[:, :, None], k_pos[:, None, :], causal, window),
-                _visible(q_pos[:, :, None], q_pos[:, None, :], causal, window)], 2)
-            x = x + layer.self_attn(layer.input_layernorm(x), q_pos, kc, vc, vis)
+            h = layer.input_layernorm(x)
+            if window is None:
+                anc = jnp.broadcast_to(_visible(q_pos[:, :, None], q_pos[:, None, :], causal, None), (b, bs, bs))
+                out, kc, vc = layer.self_attn.over_cache(h, start, kc, vc, anc)
+            else:
+                k_pos = _row_positions(start, kc.shape[1], True)
+                filled = (k_pos >= 0) & (k_pos < start[:, None])
+                vis = jnp.concatenate([
+                    filled[:, None, :] & _visible(q_pos[:, :, None], k_pos[:, None, :], causal, window),
+                    _visible(q_pos[:, :, None], q_pos[:, None, :], causal, window)], 2)
+                out = layer.self_attn(h, q_pos, kc, vc, vis)
+            keys.append(kc)
+            values.append(vc)
+            x = x + out
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = self.norm(x[:, 1:])
-        return mask_vocab(jnp.einsum("bnd,dv->bnv", h, lm_head_kernel.astype(h.dtype)).astype(jnp.float32),
-                          cfg.vocab_size)
+        logits = mask_vocab(jnp.einsum("bnd,dv->bnv", h, lm_head_kernel.astype(h.dtype)).astype(jnp.float32),
+                            cfg.vocab_size)
+        return logits, DrafterCache(cache.length, tuple(keys), tuple(values))
 
 
 def init_cache(cfg: DrafterConfig, batch: int, max_len: int) -> DrafterCache:
-    """Empty cache for `batch` sequences of up to `max_len` context rows each."""
+    """Empty cache for `batch` sequences of up to `max_len` context rows each (full layers: + block_size
+    rows of room for a draft's block)."""
     dt = cfg.jnp_dtype
     shape = lambda rows: (batch, rows, cfg.num_kv_heads, cfg.head_dim)
-    rows = [max_len if w is None else min(w, max_len) for w in cfg.windows]
+    rows = [max_len + cfg.block_size if w is None else min(w, max_len) for w in cfg.windows]
     return DrafterCache(
         length=jnp.zeros((batch,), jnp.int32),
         keys=tuple(jnp.zeros(shape(r), dt) for r in rows),

@@ -109,7 +109,7 @@ class Attention(nnx.Module):
         values = values.at[rows, slots].set(v.astype(values.dtype))
 
         # Visible: the committed prefix, and tree slots that are ancestors-or-self (pallas_kernels/tree_attention).
-        out = _tree_attention(q, keys, values, start, tree.anc).reshape(b, n, cfg.num_heads * hd)
+        out = cached_tree_attention(q, keys, values, start, tree.anc).reshape(b, n, cfg.num_heads * hd)
         out = out * jax.nn.sigmoid(gate.reshape(b, n, -1)).astype(out.dtype)
         return self.o_proj(out.astype(x.dtype)), keys, values
 
@@ -216,9 +216,10 @@ def window_index(tree: Tree, distance: int, hist: int):
     return jnp.where(anc >= 0, hist + anc, hist + tree.depth - distance)
 
 
-def _tree_attention(q, keys, values, start, anc):
-    """The Pallas kernel runs per shard (shard_map over batch and heads) under a mesh; the jnp reference is
-    partitioned by GSPMD like the rest of the model."""
+def cached_tree_attention(q, keys, values, start, anc):
+    """`tree_attention` (pallas_kernels/tree_attention) for the target's and the drafter's full-attention
+    layers. The Pallas kernel runs per shard (shard_map over batch and heads) under a mesh; the jnp
+    reference is partitioned by GSPMD like the rest of the model."""
     if attention_api.resolve() != "reference":
         return sharding.per_shard_attention(tree_attention, q, keys, values, start, anc)
     return tree_attention(q, keys, values, start, anc)

@@ -880,7 +880,7 @@ def first_draft_agreement(target: Qwen35, drafter: Drafter, seqs: np.ndarray, st
     def first_draft(weights, taps, seqs, embed, head, a):
         d = nnx.merge(graphdef, weights)
         cache = d.add_context(d.init_cache(b, t), taps, jnp.full((b,), a, jnp.int32))
-        return jnp.argmax(d.draft(cache, seqs[:, a], embed, head)[:, 0], -1)
+        return jnp.argmax(d.draft(cache, seqs[:, a], embed, head)[0][:, 0], -1)
 
     args = (weights, taps, jnp.asarray(seqs), embed, head)
     agree = np.stack([np.asarray(first_draft(*args, jnp.int32(a))) == seqs[:, a + 1] for a in range(start, t - 1)], 1)

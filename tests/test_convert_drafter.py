@@ -79,7 +79,7 @@ def assert_bit_identical(a, b):
 @nnx.jit
 def _context_then_draft(drafter, taps, n_new, anchor, embed, lm):
     cache = drafter.add_context(drafter.init_cache(taps.shape[0], 32), taps, n_new)
-    return drafter.draft(cache, anchor, embed, lm)
+    return drafter.draft(cache, anchor, embed, lm)[0]
 
 
 def draft_logits(drafter) -> np.ndarray:

@@ -128,7 +128,7 @@ def add_context(drafter, cache, taps, n_new):
 
 @functools.partial(nnx.jit, static_argnames="block_size")
 def draft(drafter, cache, anchor, embed, lm, block_size=None):
-    return drafter.draft(cache, anchor, embed, lm, block_size)
+    return drafter.draft(cache, anchor, embed, lm, block_size)[0]
 
 
 def assert_close(got, want):
@@ -173,7 +173,9 @@ def test_single_round_parity(ref):
 @pytest.mark.parametrize("ref", ["qwen36", "qwen35", "bidir_swa"], indirect=True)
 def test_multi_round_parity_with_reference_cache(ref):
     """Rounds of (new context rows, draft) under jit against the reference's own DynamicCache, cropped
-    to `start` after each draft as `dflash_generate` does. The sliding rings wrap several times."""
+    to `start` after each draft as `dflash_generate` does. The sliding rings wrap several times. The cache
+    each draft returns is the next round's (as in the engine): its block rows past the context, fewer of
+    which the next context overwrites than the draft wrote, must stay invisible."""
     from dflash.model import _crop_to, _make_cache
     model, drafter, embed, lm = ref
     bs = drafter.cfg.block_size
@@ -183,7 +185,8 @@ def test_multi_round_parity_with_reference_cache(ref):
     @nnx.jit
     def step(drafter, cache, taps, n_new, anchor, embed, lm):
         cache = drafter.add_context(cache, taps, n_new)
-        return cache, drafter.draft(cache, anchor, embed, lm)
+        logits, cache = drafter.draft(cache, anchor, embed, lm)
+        return cache, logits
 
     caches = [_make_cache(model.config) for _ in range(2)]
     cache = drafter.init_cache(2, 64)
@@ -200,6 +203,38 @@ def test_multi_round_parity_with_reference_cache(ref):
             assert_close(got[b], want)
     np.testing.assert_array_equal(np.asarray(cache.length), start)
     assert max(start) > 3 * 8   # past the window several times over
+
+
+@pytest.mark.parametrize("ref", ["qwen36", "causal"], indirect=True)
+def test_full_layers_on_the_tree_attention_kernel(ref, monkeypatch):
+    """The full layers run the block over their cache through the Pallas tree-attention kernel (interpreted
+    here; the GPU default): z-lab's logits, for a bidirectional and a causal full layer, at contexts of
+    different lengths, and again a round later over the first draft's scratch rows."""
+    from pallas_kernels.tree_attention import api as attention_api
+    from pallas_kernels.tree_attention import pallas_triton
+    monkeypatch.setenv(attention_api.ENV_VAR, "pallas_interpret")
+    model, drafter, embed, lm = ref
+    bs = drafter.cfg.block_size
+    cache = drafter.init_cache(2, 40)
+    full = [i for i, w in enumerate(drafter.cfg.windows) if w is None]
+    assert full and attention_api.resolve() == "pallas_interpret"
+    assert pallas_triton.supports((2, bs, drafter.cfg.num_heads, drafter.cfg.head_dim), cache.keys[full[0]].shape)
+
+    @nnx.jit
+    def step(drafter, cache, taps, n_new, anchor, embed, lm):      # traced here, under the variable
+        logits, cache = drafter.draft(drafter.add_context(cache, taps, n_new), anchor, embed, lm)
+        return logits, cache
+
+    rng = np.random.default_rng(8)
+    ctx = [rng.standard_normal((n, N_TAPS * D)).astype(np.float32) for n in (21, 13)]
+    more = [rng.standard_normal((n, N_TAPS * D)).astype(np.float32) for n in (2, 5)]   # fewer than a block
+    for rows, seen in ((ctx, ctx), (more, [np.concatenate(p) for p in zip(ctx, more)])):
+        anchors = rng.integers(0, V, size=2)
+        logits, cache = step(drafter, cache, jnp.asarray(pad_rows(rows, 24)), jnp.array([len(r) for r in rows]),
+                             jnp.asarray(anchors), jnp.asarray(embed), jnp.asarray(lm))
+        for b in range(2):
+            assert_close(logits[b], ref_logits(model, seen[b], len(seen[b]), int(anchors[b]), embed, lm,
+                                               block_size=bs))
 
 
 @pytest.mark.parametrize("ref", ["qwen36"], indirect=True)
@@ -238,12 +273,13 @@ def test_bfloat16_path(ref):
 def test_cache_shapes():
     cfg = drafter_config_from_hf(tiny_hf("qwen36"))
     from jaxspec.drafter import init_cache
+    bs = cfg.block_size   # a full layer's room for a draft's block past a context of max_len
     c = init_cache(cfg, 3, 100)
-    assert c.rows == (8, 8, 8, 8, 100)
+    assert c.rows == (8, 8, 8, 8, 100 + bs)
     assert c.keys[0].shape == (3, 8, 2, 16) and c.length.shape == (3,)
-    assert init_cache(cfg, 1, 5).rows == (5,) * 5   # a ring never exceeds max_len
+    assert init_cache(cfg, 1, 5).rows == (5, 5, 5, 5, 5 + bs)   # a ring never exceeds max_len
     no_window = drafter_config_from_hf({**tiny_hf("qwen36"), "use_sliding_window": False})
-    assert init_cache(no_window, 1, 50).rows == (50,) * 5
+    assert init_cache(no_window, 1, 50).rows == (50 + bs,) * 5
 
 
 # ---------------------------------------------------------------- converter

@@ -88,7 +88,7 @@ def test_training_logits_equal_inference_draft(layer_types):
     @jax.jit
     def one_block(p, taps, anchor_tok, n):
         d = nnx.merge(g, p)
-        return d.draft(d.add_context(d.init_cache(1, t), taps, n), anchor_tok, embed, head)
+        return d.draft(d.add_context(d.init_cache(1, t), taps, n), anchor_tok, embed, head)[0]
 
     with jax.default_matmul_precision("highest"):
         got = jax.jit(lambda p: train.drafter_block_logits(nnx.merge(g, p), taps, tokens, anchors, embed, head))(p)
@@ -393,7 +393,7 @@ def test_grow_drafter_drafts_as_before_and_trains_the_new_layers():
     anchor = jnp.asarray([3, 9], jnp.int32)
 
     def draft(m):
-        return m.draft(m.add_context(m.init_cache(2, 16), taps, jnp.asarray([7, 5])), anchor, embed, head)
+        return m.draft(m.add_context(m.init_cache(2, 16), taps, jnp.asarray([7, 5])), anchor, embed, head)[0]
     np.testing.assert_allclose(draft(g), draft(d), rtol=1e-6, atol=1e-6)
     # The check can fail: one new layer that is not the identity changes the drafts.
     h = train.grow_drafter(d, 2, seed=5)
