@@ -127,11 +127,10 @@ class DrafterCache:
         return tuple(k.shape[1] for k in self.keys)
 
 
-def _row_positions(length, rows: int, ring: bool):
-    """Absolute position held by each cache row [B, rows]; negative or >= length where the row is empty."""
+def _ring_positions(length, rows: int):
+    """Absolute position held by each row [B, rows] of a ring (row = position mod rows); negative where the
+    row is empty."""
     r = jnp.arange(rows, dtype=jnp.int32)[None]
-    if not ring:
-        return jnp.broadcast_to(r, (length.shape[0], rows))
     last = length[:, None] - 1
     return last - jnp.mod(last - r, rows)
 
@@ -220,7 +219,7 @@ class Drafter(nnx.Module):
                 anc = jnp.broadcast_to(_visible(q_pos[:, :, None], q_pos[:, None, :], causal, None), (b, bs, bs))
                 out, kc, vc = layer.self_attn.over_cache(h, start, kc, vc, anc)
             else:
-                k_pos = _row_positions(start, kc.shape[1], True)
+                k_pos = _ring_positions(start, kc.shape[1])
                 filled = (k_pos >= 0) & (k_pos < start[:, None])
                 vis = jnp.concatenate([
                     filled[:, None, :] & _visible(q_pos[:, :, None], k_pos[:, None, :], causal, window),

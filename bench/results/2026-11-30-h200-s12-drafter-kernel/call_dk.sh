@@ -3,7 +3,7 @@
 # scratch rows past the context, the kernel reading only rows up to the block's end). The engine's lossless
 # GPU test with every kernel on, then the DFlash phases at 1K and 128K with the table's cache (137292 slots).
 # Prediction: drafter step (device) 2.58 -> ~1.8 ms at 1K and ~2.0 at 128K; DFlash round 19.92 -> ~19.1 at 1K.
-# JAXSPEC_COMMIT=<hash> bash bench/next/dk.sh
+# JAXSPEC_COMMIT=<hash> bash call_dk.sh (from the repository root)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 mkdir -p /tmp/dk
