@@ -246,14 +246,16 @@ def main(argv=None):
 
         if groups & {"dflash", "ddtree"}:
             # DFlash phases.
-            cache = random_cache(dcfg, 1, max_len, ctx)
+            # The drafter's cache is donated and threaded too: a draft writes its block into the full layers'
+            # scratch rows, which an undonated cache would first copy whole.
             draft = memo("draft", lambda: jax.jit(
                 lambda dp, tp, c, a: nnx.merge(dgd, dp).draft(c, a, nnx.merge(gd, tp).embed_tokens[...],
-                                                              nnx.merge(gd, tp).unembedding(), bs)))
-            ph["draft"] = back_to_back(draft, (dp, tp, cache, pending), args.k)
+                                                              nnx.merge(gd, tp).unembedding(), bs),
+                donate_argnums=(2,)))
+            ph["draft"] = back_to_back(draft, (dp, tp, random_cache(dcfg, 1, max_len, ctx), pending), args.k,
+                                       thread=(2, 1))
             log(f"draft {ph['draft']}")
-            logits, _ = draft(dp, tp, cache, pending)
-            del cache
+            logits, _ = draft(dp, tp, random_cache(dcfg, 1, max_len, ctx), pending)
 
             # The state is donated and threaded from call to call, as in the engine's round (an undonated
             # state makes every call copy the whole KV cache).

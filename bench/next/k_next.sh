@@ -2,7 +2,9 @@
 # Next GPU session, #6 (nvidia-h200, ~8 min): the DDTree tree build at B = 63 and 64 alone (session 12 timed
 # 0.70 ms at 63 against session 11's 0.47 at 64, unexplained), then issue #6's whole table (rounds, tree
 # attention at 128K, 8K prefill) at 1K, 32K and 128K with budget 63, now with the drafter's full layer on the
-# tree-attention kernel (ce11865). Predictions: drafter step 2.01 / ~2.1 / 2.16 ms of kernels; DFlash round
+# tree-attention kernel (ce11865), and bench.rounds now donating the drafter's cache as the engine does (an
+# undonated one was copied whole for the block's scratch rows, ~0.2 ms at 137K slots). Predictions: drafter step
+# 2.01 -> ~1.8 / ~1.9 / ~1.95 ms of kernels; DFlash round
 # 19.29 / ~20.5 / 23.51 ms (bench/results/2026-11-30-h200-s12-drafter-kernel); the rest as in session 12's table.
 # JAXSPEC_COMMIT=<hash> [LIMIT=585] bash bench/next/k_next.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1
