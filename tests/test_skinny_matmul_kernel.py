@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kernel_tests import check_opt_in_dispatch, on_gpu
-from pallas_kernels.skinny_matmul import api, arg_specs, pallas_triton, reference
+from pallas_kernels.skinny_matmul import api, arg_specs, pallas_mosaic, pallas_triton, reference
 
 BOUND = {"float32": 1e-4, "bfloat16": 1e-2}
 
@@ -160,10 +160,15 @@ def test_bench_runs_and_writes_json(tmp_path):
     for name, (k, n, _) in arg_specs.REAL.items():
         variants = bench.implementations(65, k, n, sweep=True, on_gpu=True)
         assert len(variants) > 10, name
+        assert any(name.startswith("pallas_mosaic/") for name in variants), name
         for v in variants.values():
             kw = getattr(v, "keywords", {})
-            if kw:
+            if kw and v.func is pallas_triton.matmul:
                 bn, bk, split = pallas_triton.tiles(65, k, n, kw["block_n"], kw["block_k"], kw["split_k"])
+                assert n % bn == 0 and k % (bk * split) == 0
+            elif kw:
+                assert v.func is pallas_mosaic.matmul
+                bn, bk, split = pallas_mosaic.tiles(65, k, n, kw["block_n"], None, kw["split_k"], kw["steps"])
                 assert n % bn == 0 and k % (bk * split) == 0
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "mlp.gate"])

@@ -8,7 +8,8 @@ from HBM as in the model, not re-read from L2; the next input depends on the pre
 Reported per product: synchronised wall time and device time (bench.profile.device_time, the kernels'
 summed durations, the split-K sum included), and the weight bytes over the device time in TB/s: the
 rate that matters, since at 16 and 65 rows every projection is bound by its weight bytes. `--sweep`
-adds tile variants (block_n, block_k, split_k, warps, stages) of the kernel.
+adds tile variants of the kernels (Triton: block_n, block_k, split_k, warps, stages; Mosaic GPU: block_n,
+split_k, pipeline steps).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from bench.harness import time_kernel, write_results
-from pallas_kernels.skinny_matmul import arg_specs, pallas_triton, reference
+from pallas_kernels.skinny_matmul import arg_specs, pallas_mosaic, pallas_triton, reference
 
 SWEEP_TILES = ((64, 128), (128, 64), (128, 128), (256, 64), (128, 256))
 
@@ -30,7 +31,17 @@ def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool):
     if not on_gpu:
         return impls
     impls["pallas_triton"] = pallas_triton.matmul
+    impls["pallas_mosaic"] = pallas_mosaic.matmul
     if sweep:
+        for bn in (64, 128, 256):
+            for steps in (2, 4, 6):
+                if n % bn or pallas_mosaic.smem_bytes(m, bn, 64, steps) > pallas_mosaic.SMEM_BYTES:
+                    continue
+                auto = pallas_mosaic.tiles(m, k, n, bn, 64, None, steps)[2]
+                for split in sorted({max(auto // 2, 1), auto, auto * 2}):
+                    if k % (64 * split) == 0:
+                        impls[f"pallas_mosaic/n{bn}/s{split}/st{steps}"] = functools.partial(
+                            pallas_mosaic.matmul, block_n=bn, split_k=split, steps=steps)
         for bn, bk in SWEEP_TILES:
             if n % bn or k % bk or pallas_triton.smem_bytes(m, bn, bk, 2, 3) > pallas_triton.SMEM_BYTES:
                 continue
@@ -64,6 +75,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=8, help="distinct weights per timed call")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--impls", default="", help="keep only implementations whose name starts with one of these "
+                   "comma-separated prefixes (e.g. xla,pallas_mosaic); default: all")
     p.add_argument("--json")
     a = p.parse_args(argv)
     names = a.shapes.split(",")
@@ -80,7 +93,10 @@ def main(argv=None):
         for m in map(int, a.rows.split(",")):
             x = arg_specs.make_inputs(0, m, k, n, jnp.bfloat16)[0]
             ref = None
+            keep = tuple(x for x in a.impls.split(",") if x)
             for impl, fn in implementations(m, k, n, a.sweep, on_gpu).items():
+                if keep and not impl.startswith(keep):
+                    continue
                 run = stacked(fn, a.layers)
                 try:
                     t = time_kernel(lambda: run(x, ws), a.iters)

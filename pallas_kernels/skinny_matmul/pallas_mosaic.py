@@ -1,0 +1,126 @@
+"""y = x @ w for a few rows as a weight-streaming Pallas kernel, Mosaic GPU lowering (Hopper: TMA copies into
+shared memory, warpgroup MMA). Same contract as reference.matmul, for bf16 / f16.
+
+Why a second kernel: the Triton one (pallas_triton.py) streams only 1.1-1.3 TB/s on the H200 at every tile
+tried, where XLA does 3.6 TB/s at 16 rows, 3.1 at 64 and 2.5 at 65 (bench/results/2026-11-30-h200-s11-kernels,
+-s11-rounds/rows.log); the verify of a 64-node tree spends most of its 21 ms in these products. Mosaic GPU is
+JAX's Hopper backend and copies tiles with TMA, which the Triton lowering does not.
+
+Layout: a grid of (N / block_n) column blocks x `split_k` slices of K, one warpgroup each. A block pipelines
+its K slice in [block_k, block_n] tiles of w (and the matching [rows, block_k] tiles of x), `steps` copies in
+flight, into one fp32 accumulator of [rows, block_n]; rows are x's rows padded to 64 (one warpgroup MMA is
+64 rows) or 128. Each block writes its fp32 partial through shared memory; XLA sums the split_k partials.
+The weights are read once; x, a few hundred KB at most, is read by every column block (from L2).
+
+Status: CPU-tested in Mosaic GPU's interpret mode (which simulates the TMA copies and the MMA); not yet
+compiled or timed on a GPU, so it is opt-in (JAXSPEC_SKINNY_MATMUL=pallas_mosaic) and XLA stays the default.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+NUM_SMS = 132          # H200
+SMEM_BYTES = 232448    # shared memory a block may take on the H200
+MAX_ROWS = 128
+BLOCK = 64             # K and N must be multiples of this
+DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def supports(m: int, k: int, n: int, dtype) -> bool:
+    """Whether the kernel takes these sizes and dtype (the api runs the reference otherwise)."""
+    return 2 <= m <= MAX_ROWS and k % BLOCK == 0 and n % BLOCK == 0 and jnp.dtype(dtype) in map(jnp.dtype, DTYPES)
+
+
+def padded_rows(m: int) -> int:
+    return 64 if m <= 64 else 128
+
+
+def smem_bytes(m: int, block_n: int, block_k: int, steps: int, itemsize: int = 2) -> int:
+    """Shared memory of one block: `steps` buffers of the x and w tiles, and the fp32 output tile."""
+    rows = padded_rows(m)
+    return steps * (rows * block_k + block_k * block_n) * itemsize + rows * block_n * 4
+
+
+def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | None = None,
+          split_k: int | None = None, steps: int = 4) -> tuple[int, int, int]:
+    """(block_n, block_k, split_k): the given ones, else 128-wide column blocks (64 when N is not a multiple of
+    128), 64-deep K tiles, and K slices (each a whole number of tiles) until there are about two blocks per SM."""
+    block_n = block_n or (128 if n % 128 == 0 else 64)
+    block_k = block_k or 64
+    if n % block_n or k % block_k or block_n % BLOCK or block_k % BLOCK:
+        raise ValueError(f"skinny matmul (mosaic): K={k}, N={n} must be multiples of block_k={block_k} and "
+                         f"block_n={block_n}, themselves multiples of {BLOCK}")
+    need = smem_bytes(m, block_n, block_k, steps)
+    if need > SMEM_BYTES:
+        raise ValueError(f"skinny matmul (mosaic): block_n={block_n}, block_k={block_k} x {steps} steps at {m} rows "
+                         f"need {need} bytes of shared memory, more than the {SMEM_BYTES} a block has")
+    if split_k is None:
+        split_k = 1
+        while (n // block_n) * split_k < 2 * NUM_SMS and k % (block_k * split_k * 2) == 0:
+            split_k *= 2
+    if k % (block_k * split_k):
+        raise ValueError(f"skinny matmul (mosaic): K={k} is not a multiple of block_k * split_k = {block_k * split_k}")
+    return block_n, block_k, split_k
+
+
+def _swizzled(minor: int, dtype) -> tuple:
+    """Shared-memory transforms of a tile whose minor dimension holds `minor` elements: the largest swizzle
+    that fits it, tiled to match (what the MMA reads and TMA writes)."""
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = plgpu.find_swizzle(minor * itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
+
+
+def _kernel(x_gmem, w_gmem, o_gmem, o_smem, *, rows, block_n, block_k, k_steps, steps):
+    j, s = lax.axis_index("n"), lax.axis_index("k")
+    cols = pl.ds(j * block_n, block_n)
+    ks = pl.ds(s * k_steps * block_k, k_steps * block_k)
+
+    def with_acc(acc):
+        def step(_, x_smem, w_smem):
+            plgpu.wgmma(acc, x_smem, w_smem)
+            plgpu.wgmma_wait(0)     # the tiles' buffers are released to the next copies after this step
+
+        plgpu.emit_pipeline(
+            step, grid=(k_steps,),
+            in_specs=[plgpu.BlockSpec((rows, block_k), lambda i: (0, i), transforms=_swizzled(block_k, x_gmem.dtype)),
+                      plgpu.BlockSpec((block_k, block_n), lambda i: (i, 0), transforms=_swizzled(block_n, w_gmem.dtype))],
+            max_concurrent_steps=steps,
+        )(x_gmem.at[:, ks], w_gmem.at[ks, cols])
+        o_smem[...] = acc[...]
+
+    pl.run_scoped(with_acc, plgpu.ACC((rows, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[s, :, cols])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k", "split_k", "steps"))
+def matmul(x, w, *, interpret=False, block_n=None, block_k=None, split_k=None, steps=4):
+    """Same contract as reference.matmul: x [M, K], w [K, N] of one 16-bit float dtype (2 <= M <= 128; K, N
+    multiples of 64) -> [M, N] in x's dtype, products summed in fp32. Tiles: see `tiles`. interpret: run
+    under Mosaic GPU's interpreter (a CPU test)."""
+    m, k = x.shape
+    n = w.shape[1]
+    if not supports(m, k, n, w.dtype) or x.dtype != w.dtype:
+        raise ValueError(f"skinny matmul kernel (mosaic) takes 2..{MAX_ROWS} rows, K and N multiples of {BLOCK}, "
+                         f"x and w of one dtype among bfloat16, float16; got x {x.shape} {x.dtype}, w {w.shape} {w.dtype}")
+    block_n, block_k, split_k = tiles(m, k, n, block_n, block_k, split_k, steps)
+    rows = padded_rows(m)
+    xp = jnp.pad(x, ((0, rows - m), (0, 0)))
+    run = plgpu.kernel(
+        functools.partial(_kernel, rows=rows, block_n=block_n, block_k=block_k,
+                          k_steps=k // split_k // block_k, steps=steps),
+        out_type=jax.ShapeDtypeStruct((split_k, rows, n), jnp.float32),
+        grid=(n // block_n, split_k), grid_names=("n", "k"),
+        scratch_types=[plgpu.SMEM((rows, block_n), jnp.float32, transforms=_swizzled(block_n, jnp.float32))],
+        interpret=plgpu.InterpretGPUParams() if interpret else None,
+    )
+    return run(xp, w).sum(0)[:m].astype(x.dtype)
