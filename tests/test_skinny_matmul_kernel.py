@@ -168,7 +168,8 @@ def test_bench_runs_and_writes_json(tmp_path):
                 assert n % bn == 0 and k % (bk * split) == 0
             elif kw:
                 assert v.func is pallas_mosaic.matmul
-                bn, bk, split = pallas_mosaic.tiles(65, k, n, kw["block_n"], None, kw["split_k"], kw["steps"])
+                bn, bk, split = pallas_mosaic.tiles(65, k, n, kw.get("block_n"), None, kw.get("split_k"),
+                                                    kw.get("steps", 4), kw.get("transposed", False))
                 assert n % bn == 0 and k % (bk * split) == 0
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "mlp.gate"])

@@ -1,14 +1,15 @@
 """The skinny matmul's Mosaic GPU kernel (pallas_kernels/skinny_matmul/pallas_mosaic.py).
 
-CPU: the kernel under Mosaic GPU's interpreter (TMA copies, warpgroup MMA and barriers simulated) against
-the reference on fresh random inputs per test, with K slices of several pipeline steps, ragged row counts
-and every padding (64 and 128 rows); its tiles and refusals; its lowering at the real projection shapes for
+CPU: the kernel, in both forms of its product, under Mosaic GPU's interpreter (TMA copies, warpgroup MMA and
+barriers simulated) against the reference on fresh random inputs per test, with K slices of several
+pipeline steps, ragged row counts and every padding; its tiles and refusals; its lowering at the real projection shapes for
 an abstract H200; jaxspec's Linear through it. GPU (`-m gpu`): the compiled kernel at every real shape.
 Errors are max |x - ref| / max |ref| against an fp32 reference, bound 1e-2 (bf16 / f16 inputs, issue 6).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -33,15 +34,16 @@ def fp32_reference(x, w):
         return reference.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,k,n,tiles", [
     (2, 256, 128, dict(split_k=1)), (16, 512, 384, {}), (17, 256, 192, dict(block_n=64, split_k=2)),
     (64, 384, 128, dict(split_k=1, steps=2)), (65, 512, 256, dict(split_k=2)), (128, 256, 128, dict(split_k=1))])
-def test_kernel_matches_reference(seed, m, k, n, tiles, dtype):
-    block_n, block_k, split_k = pallas_mosaic.tiles(m, k, n, **tiles)
+def test_kernel_matches_reference(seed, m, k, n, tiles, dtype, transposed):
+    block_n, block_k, split_k = pallas_mosaic.tiles(m, k, n, **tiles, transposed=transposed)
     assert k // split_k // block_k >= 2 or n // block_n >= 2          # several steps, or several column blocks
     x, w = arg_specs.make_inputs(seed, m, k, n, jnp.dtype(dtype))
-    out = pallas_mosaic.matmul(x, w, interpret=True, **tiles)
+    out = pallas_mosaic.matmul(x, w, interpret=True, transposed=transposed, **tiles)
     assert out.shape == (m, n) and out.dtype == x.dtype
     err = rel_err(out, fp32_reference(x, w))
     assert err < BOUND, f"relative error {err:.2e}"
@@ -51,11 +53,14 @@ def test_tiles():
     assert pallas_mosaic.tiles(16, 5120, 17408) == (128, 64, 2)      # gate/up: 136 column blocks x 2
     assert pallas_mosaic.tiles(65, 17408, 5120) == (128, 64, 8)      # down_proj: 40 x 8
     assert pallas_mosaic.tiles(16, 192, 320) == (64, 64, 1)          # N not a multiple of 128
+    assert [pallas_mosaic.padded_rows(m) for m in (2, 64, 65, 128)] == [64, 64, 128, 128]
+    assert [pallas_mosaic.padded_rows(m, transposed=True) for m in (2, 16, 17, 65, 128)] == [16, 16, 32, 80, 128]
     for name, (k, n, _) in arg_specs.REAL.items():
         for m in (16, 64, 65, 128):
-            bn, bk, split = pallas_mosaic.tiles(m, k, n)
-            assert n % bn == 0 and k % (bk * split) == 0, name
-            assert pallas_mosaic.smem_bytes(m, bn, bk, 4) <= pallas_mosaic.SMEM_BYTES
+            for transposed in (False, True):
+                bn, bk, split = pallas_mosaic.tiles(m, k, n, transposed=transposed)
+                assert n % bn == 0 and k % (bk * split) == 0, name
+                assert pallas_mosaic.smem_bytes(m, bn, bk, 4, transposed=transposed) <= pallas_mosaic.SMEM_BYTES
     with pytest.raises(ValueError, match="shared memory"):
         pallas_mosaic.tiles(128, 5120, 1024, block_n=256, block_k=256, steps=4)
     with pytest.raises(ValueError, match="block_k \\* split_k"):
@@ -72,9 +77,10 @@ def test_kernel_refuses_what_it_does_not_take(m, k, n, dtype):
         pallas_mosaic.matmul(x, w, interpret=True)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rows", [16, 64, 65])
 @pytest.mark.parametrize("name", ["mlp.gate_proj", "mlp.down_proj", "attn.k_proj"])
-def test_mosaic_lowering(name, rows):
+def test_mosaic_lowering(name, rows, transposed):
     """The compiled path's lowering at real shapes, bf16, for an abstract H200 (compiling it needs the GPU):
     one Mosaic GPU kernel."""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
@@ -82,7 +88,8 @@ def test_mosaic_lowering(name, rows):
     args = (jax.ShapeDtypeStruct((rows, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
-        hlo = jax.jit(pallas_mosaic.matmul).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        fn = jax.jit(functools.partial(pallas_mosaic.matmul, transposed=transposed))
+        hlo = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert len(re.findall(r"custom_call @mosaic_gpu", hlo)) == 1
 
 
@@ -109,11 +116,12 @@ def test_linear_runs_the_mosaic_kernel(seed, monkeypatch):
 
 
 @on_gpu
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("m", (16, 64, 65))
 @pytest.mark.parametrize("name", sorted(arg_specs.REAL))
-def test_gpu_kernel_matches_reference(seed, name, m):
+def test_gpu_kernel_matches_reference(seed, name, m, transposed):
     k, n, _ = arg_specs.REAL[name]
     x, w = arg_specs.make_inputs(seed, m, k, n, jnp.bfloat16)
-    out = jax.jit(pallas_mosaic.matmul)(x, w)
+    out = jax.jit(functools.partial(pallas_mosaic.matmul, transposed=transposed))(x, w)
     err = rel_err(out, jax.jit(fp32_reference)(x, w))
     assert err < BOUND, f"relative error {err:.2e}"

@@ -9,7 +9,7 @@ Reported per product: synchronised wall time and device time (bench.profile.devi
 summed durations, the split-K sum included), and the weight bytes over the device time in TB/s: the
 rate that matters, since at 16 and 65 rows every projection is bound by its weight bytes. `--sweep`
 adds tile variants of the kernels (Triton: block_n, block_k, split_k, warps, stages; Mosaic GPU: block_n,
-split_k, pipeline steps).
+split_k, pipeline steps, the product's form).
 """
 
 from __future__ import annotations
@@ -32,16 +32,20 @@ def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool):
         return impls
     impls["pallas_triton"] = pallas_triton.matmul
     impls["pallas_mosaic"] = pallas_mosaic.matmul
+    impls["pallas_mosaic/t"] = functools.partial(pallas_mosaic.matmul, transposed=True)
     if sweep:
-        for bn in (64, 128, 256):
-            for steps in (2, 4, 6):
-                if n % bn or pallas_mosaic.smem_bytes(m, bn, 64, steps) > pallas_mosaic.SMEM_BYTES:
-                    continue
-                auto = pallas_mosaic.tiles(m, k, n, bn, 64, None, steps)[2]
-                for split in sorted({max(auto // 2, 1), auto, auto * 2}):
-                    if k % (64 * split) == 0:
-                        impls[f"pallas_mosaic/n{bn}/s{split}/st{steps}"] = functools.partial(
-                            pallas_mosaic.matmul, block_n=bn, split_k=split, steps=steps)
+        # Mosaic GPU: each column block width at 4 steps; then, at 128 columns, 2 and 6 steps and half / twice
+        # the K slices; each in both forms of the product.
+        picks = [(bn, 4, 1) for bn in (64, 128, 256)] + [(128, 2, 1), (128, 6, 1), (128, 4, 0.5), (128, 4, 2)]
+        for bn, steps, split_x in picks:
+            if n % bn or pallas_mosaic.smem_bytes(m, bn, 64, steps) > pallas_mosaic.SMEM_BYTES:
+                continue
+            split = max(int(pallas_mosaic.tiles(m, k, n, bn, 64, None, steps)[2] * split_x), 1)
+            if k % (64 * split):
+                continue
+            for tr in (False, True):
+                impls[f"pallas_mosaic/n{bn}/s{split}/st{steps}{'/t' if tr else ''}"] = functools.partial(
+                    pallas_mosaic.matmul, block_n=bn, split_k=split, steps=steps, transposed=tr)
         for bn, bk in SWEEP_TILES:
             if n % bn or k % bk or pallas_triton.smem_bytes(m, bn, bk, 2, 3) > pallas_triton.SMEM_BYTES:
                 continue

@@ -8,9 +8,14 @@ JAX's Hopper backend and copies tiles with TMA, which the Triton lowering does n
 
 Layout: a grid of (N / block_n) column blocks x `split_k` slices of K, one warpgroup each. A block pipelines
 its K slice in [block_k, block_n] tiles of w (and the matching [rows, block_k] tiles of x), `steps` copies in
-flight, into one fp32 accumulator of [rows, block_n]; rows are x's rows padded to 64 (one warpgroup MMA is
-64 rows) or 128. Each block writes its fp32 partial through shared memory; XLA sums the split_k partials.
-The weights are read once; x, a few hundred KB at most, is read by every column block (from L2).
+flight, into one fp32 accumulator. Each block writes its fp32 partial through shared memory; XLA sums the
+split_k partials. The weights are read once; x, a few hundred KB at most, is read by every column block
+(from L2). Two forms of the product:
+- `transposed=False`: acc [rows, block_n] += x_tile @ w_tile, rows = x's rows padded to 64 (a warpgroup
+  MMA's least) or 128; the form of JAX's Hopper matmul example;
+- `transposed=True`: acc [block_n, rows] += w_tile^T @ x_tile^T (both operands read transposed from shared
+  memory), rows padded only to a multiple of 16: 16 rows move a quarter of the x tiles and hold a quarter
+  of the accumulator; XLA transposes the [N, rows] result.
 
 Status: CPU-tested in Mosaic GPU's interpret mode (which simulates the TMA copies and the MMA); not yet
 compiled or timed on a GPU, so it is opt-in (JAXSPEC_SKINNY_MATMUL=pallas_mosaic) and XLA stays the default.
@@ -38,18 +43,19 @@ def supports(m: int, k: int, n: int, dtype) -> bool:
     return 2 <= m <= MAX_ROWS and k % BLOCK == 0 and n % BLOCK == 0 and jnp.dtype(dtype) in map(jnp.dtype, DTYPES)
 
 
-def padded_rows(m: int) -> int:
-    return 64 if m <= 64 else 128
+def padded_rows(m: int, transposed: bool = False) -> int:
+    """x's rows as the kernel holds them: a multiple of 16 transposed, else 64 or 128."""
+    return -(-m // 16) * 16 if transposed else (64 if m <= 64 else 128)
 
 
-def smem_bytes(m: int, block_n: int, block_k: int, steps: int, itemsize: int = 2) -> int:
+def smem_bytes(m: int, block_n: int, block_k: int, steps: int, itemsize: int = 2, transposed: bool = False) -> int:
     """Shared memory of one block: `steps` buffers of the x and w tiles, and the fp32 output tile."""
-    rows = padded_rows(m)
+    rows = padded_rows(m, transposed)
     return steps * (rows * block_k + block_k * block_n) * itemsize + rows * block_n * 4
 
 
 def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | None = None,
-          split_k: int | None = None, steps: int = 4) -> tuple[int, int, int]:
+          split_k: int | None = None, steps: int = 4, transposed: bool = False) -> tuple[int, int, int]:
     """(block_n, block_k, split_k): the given ones, else 128-wide column blocks (64 when N is not a multiple of
     128), 64-deep K tiles, and K slices (each a whole number of tiles) until there are about two blocks per SM."""
     block_n = block_n or (128 if n % 128 == 0 else 64)
@@ -57,7 +63,7 @@ def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | Non
     if n % block_n or k % block_k or block_n % BLOCK or block_k % BLOCK:
         raise ValueError(f"skinny matmul (mosaic): K={k}, N={n} must be multiples of block_k={block_k} and "
                          f"block_n={block_n}, themselves multiples of {BLOCK}")
-    need = smem_bytes(m, block_n, block_k, steps)
+    need = smem_bytes(m, block_n, block_k, steps, transposed=transposed)
     if need > SMEM_BYTES:
         raise ValueError(f"skinny matmul (mosaic): block_n={block_n}, block_k={block_k} x {steps} steps at {m} rows "
                          f"need {need} bytes of shared memory, more than the {SMEM_BYTES} a block has")
@@ -78,14 +84,18 @@ def _swizzled(minor: int, dtype) -> tuple:
     return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
-def _kernel(x_gmem, w_gmem, o_gmem, o_smem, *, rows, block_n, block_k, k_steps, steps):
+def _kernel(x_gmem, w_gmem, o_gmem, o_smem, *, block_n, block_k, k_steps, steps, transposed):
+    rows = x_gmem.shape[0]
     j, s = lax.axis_index("n"), lax.axis_index("k")
     cols = pl.ds(j * block_n, block_n)
     ks = pl.ds(s * k_steps * block_k, k_steps * block_k)
 
     def with_acc(acc):
         def step(_, x_smem, w_smem):
-            plgpu.wgmma(acc, x_smem, w_smem)
+            if transposed:
+                plgpu.wgmma(acc, w_smem.transpose((1, 0)), x_smem.transpose((1, 0)))
+            else:
+                plgpu.wgmma(acc, x_smem, w_smem)
             plgpu.wgmma_wait(0)     # the tiles' buffers are released to the next copies after this step
 
         plgpu.emit_pipeline(
@@ -96,31 +106,33 @@ def _kernel(x_gmem, w_gmem, o_gmem, o_smem, *, rows, block_n, block_k, k_steps, 
         )(x_gmem.at[:, ks], w_gmem.at[ks, cols])
         o_smem[...] = acc[...]
 
-    pl.run_scoped(with_acc, plgpu.ACC((rows, block_n), jnp.float32))
+    pl.run_scoped(with_acc, plgpu.ACC(o_smem.shape, jnp.float32))
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[s, :, cols])
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[s, cols] if transposed else o_gmem.at[s, :, cols])
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k", "split_k", "steps"))
-def matmul(x, w, *, interpret=False, block_n=None, block_k=None, split_k=None, steps=4):
+@functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k", "split_k", "steps", "transposed"))
+def matmul(x, w, *, interpret=False, block_n=None, block_k=None, split_k=None, steps=4, transposed=False):
     """Same contract as reference.matmul: x [M, K], w [K, N] of one 16-bit float dtype (2 <= M <= 128; K, N
-    multiples of 64) -> [M, N] in x's dtype, products summed in fp32. Tiles: see `tiles`. interpret: run
-    under Mosaic GPU's interpreter (a CPU test)."""
+    multiples of 64) -> [M, N] in x's dtype, products summed in fp32. Tiles: see `tiles`; `transposed`: which
+    form of the product (module docstring). interpret: run under Mosaic GPU's interpreter (a CPU test)."""
     m, k = x.shape
     n = w.shape[1]
     if not supports(m, k, n, w.dtype) or x.dtype != w.dtype:
         raise ValueError(f"skinny matmul kernel (mosaic) takes 2..{MAX_ROWS} rows, K and N multiples of {BLOCK}, "
                          f"x and w of one dtype among bfloat16, float16; got x {x.shape} {x.dtype}, w {w.shape} {w.dtype}")
-    block_n, block_k, split_k = tiles(m, k, n, block_n, block_k, split_k, steps)
-    rows = padded_rows(m)
+    block_n, block_k, split_k = tiles(m, k, n, block_n, block_k, split_k, steps, transposed)
+    rows = padded_rows(m, transposed)
     xp = jnp.pad(x, ((0, rows - m), (0, 0)))
+    out_tile = (block_n, rows) if transposed else (rows, block_n)
     run = plgpu.kernel(
-        functools.partial(_kernel, rows=rows, block_n=block_n, block_k=block_k,
-                          k_steps=k // split_k // block_k, steps=steps),
-        out_type=jax.ShapeDtypeStruct((split_k, rows, n), jnp.float32),
+        functools.partial(_kernel, block_n=block_n, block_k=block_k, k_steps=k // split_k // block_k, steps=steps,
+                          transposed=transposed),
+        out_type=jax.ShapeDtypeStruct((split_k,) + ((n, rows) if transposed else (rows, n)), jnp.float32),
         grid=(n // block_n, split_k), grid_names=("n", "k"),
-        scratch_types=[plgpu.SMEM((rows, block_n), jnp.float32, transforms=_swizzled(block_n, jnp.float32))],
+        scratch_types=[plgpu.SMEM(out_tile, jnp.float32, transforms=_swizzled(out_tile[1], jnp.float32))],
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )
-    return run(xp, w).sum(0)[:m].astype(x.dtype)
+    y = run(xp, w).sum(0)
+    return (y[:, :m].T if transposed else y[:m]).astype(x.dtype)
