@@ -31,10 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-NUM_SMS = 132          # H200
-SMEM_BYTES = 232448    # shared memory a block may take on the H200
-MAX_ROWS = 128
-BLOCK = 64             # K and N must be multiples of this
+from pallas_kernels.skinny_matmul.tiling import BLOCK, MAX_ROWS, SMEM_BYTES, default_split_k
+
 DTYPES = (jnp.bfloat16, jnp.float16)
 
 
@@ -68,9 +66,7 @@ def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | Non
         raise ValueError(f"skinny matmul (mosaic): block_n={block_n}, block_k={block_k} x {steps} steps at {m} rows "
                          f"need {need} bytes of shared memory, more than the {SMEM_BYTES} a block has")
     if split_k is None:
-        split_k = 1
-        while (n // block_n) * split_k < 2 * NUM_SMS and k % (block_k * split_k * 2) == 0:
-            split_k *= 2
+        split_k = default_split_k(n // block_n, k, block_k)
     if k % (block_k * split_k):
         raise ValueError(f"skinny matmul (mosaic): K={k} is not a multiple of block_k * split_k = {block_k * split_k}")
     return block_n, block_k, split_k

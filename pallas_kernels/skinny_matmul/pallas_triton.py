@@ -27,10 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-NUM_SMS = 132          # H200
-SMEM_BYTES = 232448    # H200 shared memory a block may take (what Triton's launch reported as available)
-MAX_ROWS = 128
-BLOCK = 64             # K and N must be multiples of this (the smallest tile side tried)
+from pallas_kernels.skinny_matmul.tiling import BLOCK, MAX_ROWS, SMEM_BYTES, default_split_k
+
 
 
 def supports(m: int, k: int, n: int) -> bool:
@@ -65,9 +63,7 @@ def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | Non
     if n % block_n or k % block_k:
         raise ValueError(f"skinny matmul: K={k}, N={n} are not multiples of block_k={block_k}, block_n={block_n}")
     if split_k is None:
-        split_k = 1
-        while (n // block_n) * split_k < 2 * NUM_SMS and k % (block_k * split_k * 2) == 0:
-            split_k *= 2
+        split_k = default_split_k(n // block_n, k, block_k)
     if k % (block_k * split_k):
         raise ValueError(f"skinny matmul: K={k} is not a multiple of block_k * split_k = {block_k * split_k}")
     return block_n, block_k, split_k
