@@ -43,3 +43,14 @@ def test_bench_tp_layers_and_methods(tmp_path):
     assert rc == 0 and set(json.loads(out.read_text())["timings"]["40"]) == {"dflash_round"}
     with pytest.raises(SystemExit, match="unknown.*mtp"):
         tp.main(["--config", "tiny", "--methods", "ar,mtp", "--skip-identity"])
+
+
+def test_bench_tp_identity_only(tmp_path):
+    """--contexts '' checks TP = 1 vs TP = 2 identity and times no rounds (#9's identity call)."""
+    out = tmp_path / "tp.json"
+    rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "2", "--contexts", "", "--budget", "4",
+                  "--prompt", "12", "--new", "6", "--identity-layers", "2", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["timings"] == {} and res["contexts"] == []
+    assert set(res["identity"]) == {"ar", "dflash", "ddtree4"}
+    assert all(v["identical"] for v in res["identity"].values()), res["identity"]

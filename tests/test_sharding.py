@@ -222,12 +222,13 @@ def test_compiled_round_has_two_all_reduces_per_layer(target, drafter):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2,
-                    reason="needs 2 GPUs: JAX_PLATFORMS=cuda python -m pytest tests/test_sharding.py -m gpu")
-def test_gpu_round_has_two_all_reduces_per_layer(target, drafter):
-    """The same on GPUs at TP 2: the GPU partitioner made other choices than the CPU's (it gathered the
+@pytest.mark.parametrize("tp", [2, 4])
+def test_gpu_round_has_two_all_reduces_per_layer(target, drafter, tp):
+    """The same on GPUs at TP 2 and 4: the GPU partitioner made other choices than the CPU's (it gathered the
     whole embedding table every step until the lookup was written per shard), so check its program too."""
-    check_round_collectives(target, drafter, 2)
+    if jax.default_backend() != "gpu" or jax.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs: JAX_PLATFORMS=cuda python -m pytest tests/test_sharding.py -m gpu")
+    check_round_collectives(target, drafter, tp)
 
 
 def check_round_collectives(target, drafter, tp):
