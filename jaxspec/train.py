@@ -638,11 +638,16 @@ def stdlib_files() -> list[Path]:
     return [f for f in files if f.is_file()]
 
 
-def split_files(files: list[Path], held_out_every: int = 20):
-    """Every `held_out_every`-th file (by sorted path) is held out for evaluation."""
-    train = [f for i, f in enumerate(files) if i % held_out_every]
+def split_files(files: list[Path], held_out_every: int = 20, unseen: bool = False):
+    """Every `held_out_every`-th file (by sorted path) is held out for evaluation: (train, held). With `unseen`,
+    also the files half-way between those: (train, held, unseen), the drafter's prompts from text that neither
+    the target trained on nor the evaluation reads."""
     held = [f for i, f in enumerate(files) if i % held_out_every == 0]
-    return train, held
+    if not unseen:
+        return [f for i, f in enumerate(files) if i % held_out_every], held
+    mid = held_out_every // 2
+    train = [f for i, f in enumerate(files) if i % held_out_every not in (0, mid)]
+    return train, held, [f for i, f in enumerate(files) if i % held_out_every == mid]
 
 
 def read_text(f: Path) -> str:
@@ -982,6 +987,8 @@ def run_pair(args) -> int:
     t_start = time.time()
     budget = float(args.time_budget_s)
     at = lambda frac: t_start + frac * budget
+    if args.target_max_epochs < 0:
+        raise ConfigError(f"--target-max-epochs {args.target_max_epochs:g}: must be >= 0 (0: no cap)")
     s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -999,7 +1006,8 @@ def run_pair(args) -> int:
     files = stdlib_files()
     if args.tiny:
         files = files[:120]
-    train_files, held_files = split_files(files)
+    unseen = args.drafter_prompts == "unseen"
+    train_files, held_files, *rest = split_files(files, unseen=unseen)
     texts, n_chars = [], 0
     for f in train_files:
         t = read_text(f)
@@ -1018,10 +1026,14 @@ def run_pair(args) -> int:
     docs = [np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)]
     stream = np.concatenate([np.concatenate([d, [eos_id]]) for d in docs]).astype(np.int32)
     held_docs = encode_files(tok, held_files)
+    # the drafter's greedy prompts: from the target's own training text, or from files it never saw
+    prompt_docs = encode_files(tok, rest[0]) if unseen else docs
     results["corpus"] = {"source": "Python standard library .py files (PSF license) at " + str(
         Path(files[0]).parent if files else ""), "python": platform.python_version(), "train_files": len(train_files),
         "held_out_files": len(held_files), "train_chars": n_chars, "train_tokens": int(len(stream)),
-        "vocab": vocab, "held_out_tokens": int(sum(len(d) for d in held_docs))}
+        "vocab": vocab, "held_out_tokens": int(sum(len(d) for d in held_docs)),
+        "drafter_prompts": args.drafter_prompts, "drafter_prompt_files": len(rest[0]) if unseen else len(train_files),
+        "drafter_prompt_tokens": int(sum(len(d) for d in prompt_docs))}
     log(f"corpus: {len(train_files)} files, {n_chars / 1e6:.1f}M chars -> {len(stream) / 1e6:.2f}M tokens "
         f"(vocab {vocab}); held out {len(held_files)} files")
     tcfg = s.target.replace(vocab_size=vocab, eos_token_ids=(eos_id,))
@@ -1032,12 +1044,16 @@ def run_pair(args) -> int:
     tr = Trainer(target_loss(graphdef), params, (), stream_batches(stream, s.t_batch, s.t_seq, args.seed),
                  steps=s.t_max_steps, opt=OptConfig(lr=s.t_lr, warmup=min(200, s.t_max_steps // 10)),
                  ckpt_dir=work / "ckpt_target", ckpt_every=args.ckpt_every, name="target")
+    cap = s.t_max_steps
+    if args.target_max_epochs:     # steps that show the target its training stream at most this many times
+        cap = min(cap, max(int(args.target_max_epochs * len(stream) / (s.t_batch * s.t_seq)), 1))
     if not tr.restore():
-        tr.steps = calibrate_steps(tr, at(0.38) - time.time(), cap=s.t_max_steps)
+        tr.steps = calibrate_steps(tr, at(0.38) - time.time(), cap=cap)
         tr.warmup = min(200, max(tr.steps // 10, 1))
     tr.run(deadline=at(0.40))
     target = nnx.merge(graphdef, jax.device_get(tr.params))
     results["target"] = {"config": dataclasses.asdict(tcfg), "steps": tr.step, "tokens_seen": tr.step * s.t_batch * s.t_seq,
+                         "epochs": tr.step * s.t_batch * s.t_seq / len(stream), "max_epochs": args.target_max_epochs,
                          "final_loss": float(np.mean(tr.losses[-20:])),
                          "params": int(sum(x.size for x in jax.tree.leaves(params)))}
     loss_curve_png(out / "target_loss.png", tr.losses)
@@ -1068,7 +1084,7 @@ def run_pair(args) -> int:
         log(f"data: target features for {done} windows of {win} tokens in {time.time() - t0:.1f}s")
     if data in ("greedy", "mixed"):
         t1 = time.time()
-        prompts = prompts_from(docs, s.gen_n, s.prompt_len, args.seed + 1)
+        prompts = prompts_from(prompt_docs, s.gen_n, s.prompt_len, args.seed + 1)
         seqs = greedy_sequences(frozen_target, prompts, s.gen_new, s.gen_batch, work / "greedy.npy", deadline=at(0.47))
         results["drafter_data"]["greedy"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len,
                                              "generated": s.gen_new, "seconds": time.time() - t1}
@@ -1316,6 +1332,13 @@ def parser() -> argparse.ArgumentParser:
                    help="the target's hidden size (default: 256; heads, GDN heads and FFN scale with it, the drafter "
                         "follows); a wider target writes more confident continuations for the drafter to learn")
     a.add_argument("--target-layers", type=int, default=None, help="the target's layers (default: 8; >= 4)")
+    a.add_argument("--drafter-prompts", choices=("unseen", "train"), default="unseen",
+                   help="where the drafter's greedy prompts come from: files set apart from both the target's "
+                        "training split and the evaluation (unseen, the default: the target free-running on text "
+                        "new to it, as it will at inference), or the target's training files (train: it recites)")
+    a.add_argument("--target-max-epochs", type=float, default=0,
+                   help="train the target over its stream at most this many times (default: 0, no cap; the "
+                        "384-wide target memorised its split in 16 epochs, loss 0.19)")
     a.add_argument("--no-eval", action="store_true",
                    help="skip the held-out evaluation (run `jaxspec.train eval` later); the drafter gets its time")
     a.set_defaults(func=run_pair)

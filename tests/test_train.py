@@ -551,9 +551,13 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     pair is still trained, exported and packed."""
     out = tmp_path / "out"
     t0 = time.time()
-    assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval"]) == 0
+    assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval",
+                       "--target-max-epochs", "0.5"]) == 0
     res = json.loads((out / "results.json").read_text())
     assert "methods" not in res["eval"] and "--no-eval" in res["eval"]["skipped"]
+    assert 0 < res["target"]["epochs"] <= 0.5 and res["target"]["max_epochs"] == 0.5
+    c = res["corpus"]                     # the drafter's prompts: files neither trained on nor evaluated on
+    assert c["drafter_prompts"] == "unseen" and 0 < c["drafter_prompt_files"] < c["held_out_files"] + 1
     assert res["drafter"]["steps"] > 0 and sorted(out.glob("pair.tar.*"))
     assert time.time() - t0 < 50 * 1.15 + 30            # the budget, plus the export and packing
 
@@ -577,7 +581,8 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
 
 
 @pytest.mark.parametrize("flags,message", [(["--target-width", "300"], "--target-width 300"),
-                                           (["--target-layers", "3"], "--target-layers 3")])
+                                           (["--target-layers", "3"], "--target-layers 3"),
+                                           (["--target-max-epochs", "-1"], "--target-max-epochs -1")])
 def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err
@@ -607,3 +612,13 @@ def test_training_differentiates_the_jnp_ops_where_kernels_would_run(monkeypatch
                        name="lm", log_every=1000)
     losses = tr.run()
     assert len(losses) == 3 and np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+def test_split_files_sets_apart_unseen_prompt_files():
+    """pair --drafter-prompts unseen: three disjoint sets covering every file: the target's training files, the
+    evaluation's held-out files (unchanged from the two-way split) and the drafter's prompt files."""
+    files = [f"f{i:03d}.py" for i in range(95)]
+    train_2, held_2 = train.split_files(files)
+    tr, held, unseen = train.split_files(files, unseen=True)
+    assert held == held_2 == files[::20] and unseen == files[10::20]
+    assert sorted(tr + held + unseen) == files and not (set(tr) & set(unseen)) and set(tr) < set(train_2)
