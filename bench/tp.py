@@ -136,6 +136,57 @@ def check_identity(cfg, dcfg, mesh, args, res, save):
         save()
 
 
+def time_rounds(cfg, dcfg, mesh, methods, contexts, args, res, save, late):
+    """Phase 3: the full model (or its first --layers layers), sharded, from random states (no prefill): each
+    method's rounds in the engine's device loop and verify(block) / verify(B + 1) back to back, per context."""
+    bs = dcfg.block_size
+    t = time.perf_counter()
+    with jax.default_device(jax.devices()[0]):
+        model, drafter = R.random_pair(cfg, dcfg)
+    smodel, sdrafter = S.shard_target(model, mesh), S.shard_drafter(drafter, mesh)
+    del model, drafter
+    jax.block_until_ready((nnx.state(smodel), nnx.state(sdrafter)))
+    log(f"timed model made and sharded TP={args.tp} in {time.perf_counter() - t:.1f}s")
+    scfg, sdcfg = smodel.cfg, sdrafter.cfg
+    fwd = jax.jit(lambda p, t, s, tr: nnx.merge(nnx.graphdef(smodel), p)(t, s, tr, taps=sdcfg.target_layer_ids)[0])
+    params = nnx.state(smodel)
+    tree = jnp.zeros((1, args.budget + 1), jnp.int32)
+    parent = np.concatenate([[-1], np.arange(args.budget) // 4])       # a bushy tree of B + 1 nodes
+    tr_tree = trees.from_parents(jnp.asarray(parent[None], jnp.int32))
+    # One cache length for every context, so that each function compiles once. The reference attention
+    # reads the whole cache whatever the length: at 1K with a 34K cache that is 1 GB of K/V more per step
+    # over all GPUs (16 layers x 34K x 4 kv heads x 256 x 2 x 2 bytes), ~0.25 ms of one H200.
+    max_len = max(contexts) + 64 * args.rounds * 4 + args.budget + 64
+    res["max_len"] = max_len
+    specs = speculators(sdrafter, scfg, args.budget)
+    engines = {name: Engine(smodel, specs[name], mesh=mesh) for name in methods if name in specs}
+    for ctx in contexts:
+        # one compiled maker per context for every fresh state below (a new jit per call compiles each time)
+        state_at = fresh_copies(mesh, H.random_state(scfg, 1, max_len, ctx))
+        drafter_cache_at = fresh_copies(mesh, R.random_cache(sdcfg, 1, max_len, ctx))
+        ph = res["timings"][str(ctx)] = {}
+        for name, eng in engines.items():
+            if late(f"{name}_round@{ctx}"):
+                continue
+            cache_at = (lambda: ()) if name == "ar" else drafter_cache_at
+            t = time.perf_counter()
+            ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache_at(), args.rounds)
+            log(f"{ctx}: {name}_round {ph[f'{name}_round']} ({time.perf_counter() - t:.0f}s with any compile)")
+            if args.profile and ctx == contexts[0]:
+                res.setdefault("profile", {})[name] = H.trace_rounds(
+                    eng, H.decoding_at(eng, state_at(), cache_at()), args.rounds, 2, Path(args.profile))
+                log(f"{ctx}: {name} trace {res['profile'][name]}")
+            save()
+        for label, toks, tr in ((f"verify{bs}", jnp.ones((1, bs), jnp.int32), trees.chain(1, bs)),
+                                (f"verify{args.budget + 1}", tree, tr_tree)):
+            if "verify" not in methods or late(f"{label}@{ctx}"):
+                continue
+            with jax.set_mesh(mesh):
+                ph[label] = R.back_to_back(fwd, (params, toks, state_at(), tr), args.k)
+            log(f"{ctx}: {label} {ph[label]}")
+            save()
+
+
 def main(argv=None):
     global _T0
     _T0 = time.perf_counter()       # the deadline counts from this call, not from the import (tests import early)
@@ -230,54 +281,9 @@ def main(argv=None):
             log(f"allreduce {name}: {ms:.3f} ms per round")
         save()
 
-    # 3. timings of the full model (or its first --layers layers), sharded, from random states (no prefill);
-    # none with --contexts '' (identity only)
+    # 3. timings; none with --contexts '' (identity only)
     if contexts:
-        t = time.perf_counter()
-        with jax.default_device(jax.devices()[0]):
-            model, drafter = R.random_pair(cfg, dcfg)
-        smodel, sdrafter = S.shard_target(model, mesh), S.shard_drafter(drafter, mesh)
-        del model, drafter
-        jax.block_until_ready((nnx.state(smodel), nnx.state(sdrafter)))
-        log(f"timed model made and sharded TP={args.tp} in {time.perf_counter() - t:.1f}s")
-        scfg, sdcfg = smodel.cfg, sdrafter.cfg
-        fwd = jax.jit(lambda p, t, s, tr: nnx.merge(nnx.graphdef(smodel), p)(t, s, tr, taps=sdcfg.target_layer_ids)[0])
-        params = nnx.state(smodel)
-        tree = jnp.zeros((1, args.budget + 1), jnp.int32)
-        parent = np.concatenate([[-1], np.arange(args.budget) // 4])       # a bushy tree of B + 1 nodes
-        tr_tree = trees.from_parents(jnp.asarray(parent[None], jnp.int32))
-        # One cache length for every context, so that each function compiles once. The reference attention
-        # reads the whole cache whatever the length: at 1K with a 34K cache that is 1 GB of K/V more per step
-        # over all GPUs (16 layers x 34K x 4 kv heads x 256 x 2 x 2 bytes), ~0.25 ms of one H200.
-        max_len = max(contexts) + 64 * args.rounds * 4 + args.budget + 64
-        res["max_len"] = max_len
-        specs = speculators(sdrafter, scfg, args.budget)
-        engines = {name: Engine(smodel, specs[name], mesh=mesh) for name in methods if name in specs}
-        for ctx in contexts:
-            # one compiled maker per context for every fresh state below (a new jit per call compiles each time)
-            state_at = fresh_copies(mesh, H.random_state(scfg, 1, max_len, ctx))
-            drafter_cache_at = fresh_copies(mesh, R.random_cache(sdcfg, 1, max_len, ctx))
-            ph = res["timings"][str(ctx)] = {}
-            for name, eng in engines.items():
-                if late(f"{name}_round@{ctx}"):
-                    continue
-                cache_at = (lambda: ()) if name == "ar" else drafter_cache_at
-                t = time.perf_counter()
-                ph[f"{name}_round"] = H.engine_rounds(eng, state_at(), cache_at(), args.rounds)
-                log(f"{ctx}: {name}_round {ph[f'{name}_round']} ({time.perf_counter() - t:.0f}s with any compile)")
-                if args.profile and ctx == contexts[0]:
-                    res.setdefault("profile", {})[name] = H.trace_rounds(
-                        eng, H.decoding_at(eng, state_at(), cache_at()), args.rounds, 2, Path(args.profile))
-                    log(f"{ctx}: {name} trace {res['profile'][name]}")
-                save()
-            for label, toks, tr in ((f"verify{bs}", jnp.ones((1, bs), jnp.int32), trees.chain(1, bs)),
-                                    (f"verify{args.budget + 1}", tree, tr_tree)):
-                if "verify" not in methods or late(f"{label}@{ctx}"):
-                    continue
-                with jax.set_mesh(mesh):
-                    ph[label] = R.back_to_back(fwd, (params, toks, state_at(), tr), args.k)
-                log(f"{ctx}: {label} {ph[label]}")
-                save()
+        time_rounds(cfg, dcfg, mesh, methods, contexts, args, res, save, late)
 
     res["total_s"] = time.perf_counter() - _T0
     save()
