@@ -177,12 +177,29 @@ def device_time(run_step, steps: int = 5) -> dict:
     back-to-back timing of a small phase alone measures the host launching its ~200 kernels instead
     (accept + commit of 65 nodes at the real shape: 3.6 ms back to back, 0.88 ms of kernels,
     bench/results/2026-11-30-h200-verify-profile). The kernel benchmarks report it beside their synchronised
-    wall time, which includes the host's launches."""
+    wall time, which includes the host's launches. A call spread over several GPUs (tensor parallel) runs on
+    them at once: its device time is the busiest GPU's, with `devices` beside it (summed over four GPUs, a
+    TP = 4 verify read 52 ms for an 11.5 ms call, bench/results/2026-11-30-h200x4-tp-table/tp4.json)."""
     with trace(run_step, steps) as xplane:
         if xplane is None:
             return dict(error="no xplane.pb written")
-        events, _ = load_events(xplane)
-    return dict(device_ms=sum(e[1] for e in events) / steps / 1e6, kernels=len(events) / steps)
+        devices = device_numbers(xplane)
+        per_device = [load_events(xplane, device=d)[0] for d in devices] if devices else [load_events(xplane)[0]]
+    return busiest(per_device, steps)
+
+
+def busiest(per_device: list[list[tuple]], steps: int) -> dict:
+    """device_ms / kernels per call of the device whose kernels took longest, from each device's events."""
+    events = max(per_device, key=lambda ev: sum(e[1] for e in ev))
+    out = dict(device_ms=sum(e[1] for e in events) / steps / 1e6, kernels=len(events) / steps)
+    return out | (dict(devices=len(per_device)) if len(per_device) > 1 else {})
+
+
+def device_numbers(xplane: str) -> list[int]:
+    """The device numbers of a trace's device planes ('/device:GPU:3' -> 3); [] on a host-only trace."""
+    from jax.profiler import ProfileData
+    names = [p.name for p in ProfileData.from_file(xplane).planes if p.name.startswith("/device:")]
+    return sorted({int(n.rsplit(":", 1)[-1]) for n in names if n.rsplit(":", 1)[-1].isdigit()})
 
 
 def load_events(xplane: str, module: str | None = None,

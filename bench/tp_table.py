@@ -5,8 +5,9 @@
 Files of the same TP degree are merged (TP = 1 is often timed as two processes on two GPUs, one per pair of
 methods). Per context: each round's median ms at every TP, its ratio to TP = 1, and the tokens/s it implies
 (AR: 1 token per round; DFlash and DDTree: --tau tokens per round, default 9.18, z-lab's published HumanEval
-acceptance for Qwen3.5-27B + DFlash). Verify rows are wall time of back-to-back calls (a multi-GPU call's
-kernel time is summed over its GPUs, so it is not a latency). Then the all-reduce microbench per round.
+acceptance for Qwen3.5-27B + DFlash). Verify rows are wall time of back-to-back calls, comparable across TP
+degrees (the JSONs' device_ms summed a multi-GPU call's kernels over its GPUs before session 13's
+bench.profile.busiest). Then the all-reduce microbench per round.
 """
 
 from __future__ import annotations
