@@ -3,15 +3,20 @@ at the longest prefix, and an 8K prefill, each against its goal and the roofline
 
     JAX_PLATFORMS=cuda python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --out DIR
 
-Three parts, each in its own process so that each starts with the whole GPU (the real model's weights are
+Five parts, each in its own process so that each starts with the whole GPU (the real model's weights are
 51 GB), each writing its JSON into DIR before the next starts:
 
 1. `bench.rounds --phases ar,dflash,ddtree` at every context: AR step (back to back and inside the engine's
    device loop), drafter step, verify(16) and verify(B + 1), tree build, accept + commit, DFlash and
    DDTree(B) rounds (rounds.json, rounds.log);
 2. `pallas_kernels.tree_attention.bench` at the longest context, N = 1 and B + 1 nodes: the kernel's KV
-   bytes per second against a copy measured in the same process (tree_attention.json);
-3. `bench.harness --contexts '' --prompt P`: the prefill of P tokens and the bf16 matmul ceiling (harness.json).
+   bytes per second against a copy measured in the same process, and its FLOP/s against part 3's matmul rate
+   (many nodes over a long prefix are compute-bound) (tree_attention.json);
+3. `bench.harness --contexts '' --prompt P`: the prefill of P tokens and the bf16 matmul ceiling (harness.json);
+4. `pallas_kernels.verify.bench` for B + 1 rows of the real vocabulary: the verification kernel's logits bytes
+   per second against a copy measured in the same process (verify.json);
+5. `pallas_kernels.tree_delta_rule.bench` for a DFlash block (16 nodes) and the tree: the tree delta rule kernel's
+   time per GDN layer and its bytes (state, inputs, outputs) per second against a copy (delta_rule.json).
 
 Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
 context), the ratio to the roofline (weight bytes / 4.30 TB/s; 11.9 ms at the real shape, DESIGN.md section
@@ -44,6 +49,7 @@ GOALS = {  # issue #6, at 1K context on one H200
     "tree_attention_of_copy": (">=", 0.80, "of copy"),   # at a 128K prefix
     "prefill_of_matmul": (">=", 0.50, "of matmul"),
 }
+PARTS = ("rounds", "attention", "prefill", "verify", "delta_rule")
 GOAL_CONTEXT = 1024           # the round goals' context
 ATTENTION_GOAL_PREFIX = 131072  # the tree-attention goal's prefix
 
@@ -90,8 +96,14 @@ def device_ms(ph: dict, key: str):
     return ms(ph, key, "device_ms")
 
 
+def kernel_rows(part: dict | None) -> list[dict]:
+    """A kernel bench's rows with a copy fraction: the Pallas kernel's where it ran, else every one's."""
+    rows = [r for r in (part or {}).get("rows", []) if "frac_of_copy" in r]
+    return [r for r in rows if r.get("impl") == "pallas_triton"] or rows
+
+
 def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *, budget: int, block: int,
-            tau: float, real: bool) -> dict:
+            tau: float, real: bool, verify: dict | None = None, delta_rule: dict | None = None) -> dict:
     """The table's rows from the parts' JSONs: [{row, context, value, unit, goal, met, vs_roofline, tok_s}]."""
     roofline = (rounds or {}).get("roofline_ms_at_4.30TB_s")
     rows = []
@@ -143,15 +155,34 @@ def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *
         copy = attention["copy_bytes_per_s"]
         kernel = [r for r in attention["rows"] if r.get("impl") == "pallas_triton" and "frac_of_copy" in r]
         shown = kernel or [r for r in attention["rows"] if "frac_of_copy" in r]
+        mm = (harness or {}).get("matmul", {}).get("tflop_s")
         for r in shown:
             add(f"tree attention ({r['impl']}), N = {r['n']}, KV bytes/s of copy ({copy / 1e9:.4g} GB/s)",
                 r["prefix"], r["frac_of_copy"], "of copy", "tree_attention_of_copy" if kernel else None,
                 goal_ctx=ATTENTION_GOAL_PREFIX)
+            if mm and "flops" in r:
+                # Many nodes over a long prefix are compute-bound: the copy goal's time can ask for more FLOP/s
+                # than the card's matmuls reach (N = 64 at 128K: 206 GFLOP in 296 us is 696 TFLOP/s).
+                add(f"tree attention ({r['impl']}), N = {r['n']}, FLOP/s of bf16 matmul ({mm:.4g} TFLOP/s)",
+                    r["prefix"], r["flop_s"] / (mm * 1e12), "of matmul")
+                need = r["flops"] / (r["kv_bytes"] / (GOALS["tree_attention_of_copy"][1] * copy)) / (mm * 1e12)
+                add(f"tree attention, N = {r['n']}: FLOP/s the copy goal would take, of bf16 matmul",
+                    r["prefix"], need, "of matmul")
     if harness and "prefill" in harness:
         p, mm = harness["prefill"], harness["matmul"]["tflop_s"]
         add(f"prefill of {p['prompt']} tokens, 2 x params x tokens FLOP/s of bf16 matmul ({mm:.4g} TFLOP/s)",
             None, p["tflop_s_2NP"] / mm, "of matmul", "prefill_of_matmul")
         add(f"prefill of {p['prompt']} tokens", None, p["time"]["median_ms"], "ms")
+    for r in kernel_rows(verify):
+        what = f"verify ({r['impl']}), {r['rows']} rows, T = {r['temperature']:g}"
+        add(f"{what}: logits bytes/s of copy ({verify['copy_bytes_per_s'] / 1e9:.4g} GB/s)", None, r["frac_of_copy"],
+            "of copy")
+        add(f"{what}: time", None, r["us"], "us")
+    for r in kernel_rows(delta_rule):
+        what = f"tree delta rule ({r['impl']}), N = {r['n']}, per GDN layer"
+        add(f"{what}: state + inputs + outputs bytes/s of copy ({delta_rule['copy_bytes_per_s'] / 1e9:.4g} GB/s)",
+            None, r["frac_of_copy"], "of copy")
+        add(f"{what}: device time", None, r["device_us_per_layer"], "us")
     return dict(rows=rows, roofline_ms=roofline, tau=tau)
 
 
@@ -191,14 +222,14 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing (bench.rounds)")
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device-loop call (bench.rounds)")
     ap.add_argument("--tau", type=float, default=9.18, help="acceptance length for the tokens/s column")
-    ap.add_argument("--parts", default="rounds,attention,prefill", help="which parts to run (comma-separated)")
+    ap.add_argument("--parts", default=",".join(PARTS), help="which parts to run (comma-separated, default: all)")
     ap.add_argument("--deadline-s", type=float, default=0, help="stop starting parts after this many seconds, and "
                     "cut the running one there (0: no limit)")
     ap.add_argument("--out", required=True, help="directory for the parts' JSONs and logs, table.md, table.json")
     args = ap.parse_args(argv)
     parts = {p for p in args.parts.split(",") if p}
-    if parts - {"rounds", "attention", "prefill"}:
-        ap.error(f"--parts: unknown {sorted(parts - {'rounds', 'attention', 'prefill'})}; choose from rounds,attention,prefill")
+    if parts - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
     contexts = parse_contexts(ap, "--contexts", args.contexts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,11 +258,18 @@ def main(argv=None) -> int:
                      "--prompt", str(args.prefill), "--prefill-iters", "3", "--ceiling-iters", "10",
                      "--out", str(out / "harness.json")] + ([] if args.config == "real" else
                                                           ["--copy-gib", "0.01", "--matmul-n", "256"]))
+    small = args.config != "real"             # a CPU-sized run: a small vocabulary, one layer, the jnp ops
+    part("verify", ["pallas_kernels.verify.bench", "--rows", str(args.budget + 1), "--json", str(out / "verify.json")]
+         + (["--impls", "pallas_triton"] if on_gpu else []) + (["--vocab", "4096", "--iters", "3"] if small else []))
+    part("delta_rule", ["pallas_kernels.tree_delta_rule.bench", "--sizes", f"16,{args.budget + 1}",  # a DFlash block, a tree
+                        "--json", str(out / "delta_rule.json")] + (["--impls", "pallas_triton"] if on_gpu else [])
+         + (["--layers", "1", "--iters", "2", "--impls", "xla"] if small and not on_gpu else []))
 
     rounds = load(out / "rounds.json")
     block = (rounds or {}).get("block_size", 16)
     table = compose(rounds, load(out / "tree_attention.json"), load(out / "harness.json"), budget=args.budget,
-                    block=block, tau=args.tau, real=args.config == "real")
+                    block=block, tau=args.tau, real=args.config == "real", verify=load(out / "verify.json"),
+                    delta_rule=load(out / "delta_rule.json"))
     git = (rounds or {}).get("git") or {}
     machine = (rounds or {}).get("machine") or {}
     flags = kernel_flags()                            # the parts inherit this environment

@@ -773,11 +773,11 @@ class PairSizes:
     # data generation
     prompt_len: int = 64
     gen_new: int = 192
-    gen_n: int = 8192
-    gen_batch: int = 512
+    gen_n: int = 49152         # few continuations get memorised: 8192 at ~10 epochs gave a drafter loss of 0.87
+    gen_batch: int = 4096      # and held-out tau 1.17 (session 12); the greedy phase stops at its deadline anyway
     # drafter training. data "corpus": the target teacher-forced over windows of the training stream
     # (FeatureCache; labels = its own greedy predictions, see block_labels); "greedy": its greedy continuations
-    # of gen_n prompts alone (expensive to make, so few: the first H200 run overfit them, tau 1.15); "mixed"
+    # of gen_n prompts alone (too few are memorised: the first H200 run's 1024 gave tau 1.15); "mixed"
     # (default): both, their features cached, d_greedy_frac of each batch from the continuations (the CPU
     # retraining of the demo drafter learned little from corpus data alone)
     d_data: str = "mixed"
@@ -979,6 +979,13 @@ def git_commit() -> str:
         return os.environ.get("JAXSPEC_COMMIT", "unknown")
 
 
+# Where each phase of `pair` ends, as fractions of --time-budget-s (each phase may end sooner: the target at its
+# step or epoch cap, the data when it is all made). The greedy continuations get 12%: at 4096 prompts a batch
+# an H200 makes ~50K of them in a minute, and the drafter needs that many not to memorise them.
+PHASE_END = {"target": 0.36, "corpus_mixed": 0.40, "corpus_corpus": 0.46, "greedy": 0.52,
+             "drafter": 0.74, "drafter_no_eval": 0.95}
+
+
 def run_pair(args) -> int:
     from convert.hf import load_target
     from jaxspec.export import export_drafter, export_target
@@ -990,6 +997,12 @@ def run_pair(args) -> int:
     if args.target_max_epochs < 0:
         raise ConfigError(f"--target-max-epochs {args.target_max_epochs:g}: must be >= 0 (0: no cap)")
     s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
+    for flag, value in (("--gen-sequences", args.gen_sequences), ("--gen-batch", args.gen_batch),
+                        ("--drafter-layers", args.drafter_layers)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: must be >= 1")
+    s = dataclasses.replace(s, gen_n=args.gen_sequences or s.gen_n, gen_batch=args.gen_batch or s.gen_batch,
+                            draft_layers=args.drafter_layers or s.draft_layers)
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or out / "work").absolute()
@@ -1048,9 +1061,9 @@ def run_pair(args) -> int:
     if args.target_max_epochs:     # steps that show the target its training stream at most this many times
         cap = min(cap, max(int(args.target_max_epochs * len(stream) / (s.t_batch * s.t_seq)), 1))
     if not tr.restore():
-        tr.steps = calibrate_steps(tr, at(0.38) - time.time(), cap=cap)
+        tr.steps = calibrate_steps(tr, at(PHASE_END["target"] - 0.02) - time.time(), cap=cap)
         tr.warmup = min(200, max(tr.steps // 10, 1))
-    tr.run(deadline=at(0.40))
+    tr.run(deadline=at(PHASE_END["target"]))
     target = nnx.merge(graphdef, jax.device_get(tr.params))
     results["target"] = {"config": dataclasses.asdict(tcfg), "steps": tr.step, "tokens_seen": tr.step * s.t_batch * s.t_seq,
                          "epochs": tr.step * s.t_batch * s.t_seq / len(stream), "max_epochs": args.target_max_epochs,
@@ -1077,7 +1090,7 @@ def run_pair(args) -> int:
         win = s.prompt_len + s.gen_new if data == "mixed" else s.d_window   # mixed: one batch shape
         n_win = len(stream) // win if not s.d_windows else min(s.d_windows, len(stream) // win)
         done = cache.build(frozen_target, stream, tuple(s.taps), win, n_win, args.seed + 1,
-                           batch=s.gen_batch // 4 or 1, deadline=at(0.44 if data == "mixed" else 0.50))
+                           batch=s.gen_batch // 4 or 1, deadline=at(PHASE_END["corpus_" + data]))
         positions = win - s.block - (s.prompt_len - 1) + 1
         results["drafter_data"]["corpus"] = {"windows": done, "window": win, "tokens": done * win,
                                              "labels": "target greedy, exact prefix", "seconds": time.time() - t0}
@@ -1085,7 +1098,8 @@ def run_pair(args) -> int:
     if data in ("greedy", "mixed"):
         t1 = time.time()
         prompts = prompts_from(prompt_docs, s.gen_n, s.prompt_len, args.seed + 1)
-        seqs = greedy_sequences(frozen_target, prompts, s.gen_new, s.gen_batch, work / "greedy.npy", deadline=at(0.47))
+        seqs = greedy_sequences(frozen_target, prompts, s.gen_new, s.gen_batch, work / "greedy.npy",
+                                deadline=at(PHASE_END["greedy"]))
         results["drafter_data"]["greedy"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len,
                                              "generated": s.gen_new, "seconds": time.time() - t1}
         log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t1:.1f}s")
@@ -1097,8 +1111,8 @@ def run_pair(args) -> int:
         if data == "greedy":
             cache, done, positions = gcache, n_seq, g_positions
 
-    # 4. Drafter: until 72% of the budget, or 95% when there is no evaluation to run.
-    d_end = 0.95 if args.no_eval else 0.72
+    # 4. Drafter: to the end of the budget, less the evaluation's share when there is one.
+    d_end = PHASE_END["drafter_no_eval" if args.no_eval else "drafter"]
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
     dgraph, dparams = nnx.split(drafter)
     loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
@@ -1339,6 +1353,12 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--target-max-epochs", type=float, default=0,
                    help="train the target over its stream at most this many times (default: 0, no cap; the "
                         "384-wide target memorised its split in 16 epochs, loss 0.19)")
+    a.add_argument("--gen-sequences", type=int, default=None,
+                   help="greedy continuations of the target to train the drafter on (default: 49152, --tiny 16; "
+                        "fewer if the greedy phase's share of the budget runs out first)")
+    a.add_argument("--gen-batch", type=int, default=None,
+                   help="prompts continued at once while making them (default: 4096, --tiny 16)")
+    a.add_argument("--drafter-layers", type=int, default=None, help="the drafter's layers (default: 2, --tiny 1)")
     a.add_argument("--no-eval", action="store_true",
                    help="skip the held-out evaluation (run `jaxspec.train eval` later); the drafter gets its time")
     a.set_defaults(func=run_pair)

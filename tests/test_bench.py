@@ -158,3 +158,34 @@ def test_device_time_of_a_multi_device_call_is_the_busiest_devices():
     assert profile.busiest([ev(1, 2)], 1) == dict(device_ms=3.0, kernels=2.0)
     r = profile.device_time(lambda: jax.numpy.ones(8).sum(), 2)     # host-only trace on the CPU: as before
     assert set(r) == {"device_ms", "kernels"} and r["device_ms"] >= 0
+
+
+def test_tree_build_bench_times_each_budget(tmp_path, monkeypatch, capsys):
+    """bench.tree_build: one timing per budget, with the device time, its longest kernels and its HLO; bad
+    budgets refused by flag."""
+    from bench import tree_build
+    from jaxspec import ddtree
+    monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
+    out = tmp_path / "tb.json"
+    assert tree_build.main(["--vocab", "300", "--depth", "3", "--budgets", "7,8", "--k", "2", "--out", str(out),
+                            "--kernels", "3", "--hlo-dir", str(tmp_path / "hlo"), "--variants", "plain,materialized"]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["runs"]) == {"b7", "b8", "b7_materialized", "b8_materialized"}
+    assert all(r["median_ms"] > 0 for r in res["runs"].values())
+    assert "HloModule" in (tmp_path / "hlo" / "tree_build_b8_materialized.hlo.txt").read_text()
+    lp = jax.numpy.zeros((1, 3, 300))
+    barriers = {}
+    for v in tree_build.VARIANTS:      # the counted top-k's inputs behind barriers of their own, and only within
+        with tree_build.variant(v):
+            barriers[v] = str(jax.make_jaxpr(lambda x: ddtree.build_tree(x, jax.numpy.ones((1,), "int32"), 7))(lp))
+    assert barriers["materialized"].count("optimization_barrier") > barriers["plain"].count("optimization_barrier")
+    assert ddtree.count_ranks.__module__ == "jaxspec.ddtree"
+    top = res["runs"]["b7"]["top_kernels"]      # on a CPU: the host's XLA thunks stand in for kernels
+    assert 0 < len(top) <= 3 and top[0]["us_per_call"] >= top[-1]["us_per_call"] > 0
+    assert "HloModule" in (tmp_path / "hlo" / "tree_build_b8.hlo.txt").read_text()
+    assert res["top_k"] == "count"
+    with pytest.raises(SystemExit):
+        tree_build.main(["--budgets", "0"])
+    assert "--budgets" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--variants"):
+        tree_build.main(["--variants", "fast"])

@@ -60,6 +60,44 @@ def test_compose_judges_the_goals_at_1k():
     assert "| AR decode step (engine device loop) | 1024 | 15.30 ms | <= 13.5 ms | **no** | 1.28 | 65 |" in md
 
 
+def test_tree_attention_is_also_judged_against_the_matmul_rate():
+    """Many nodes over a long prefix are compute-bound: the row of FLOP/s against the run's matmul rate, and what
+    the copy goal would ask of it (N = 64 at 128K with session 14's numbers: 108% of the matmul rate)."""
+    flops, kv, copy, us = 4 * 64 * 24 * (131072 + 64) * 256, 537133056, 2268666751135.787, 797.17
+    attention = {"copy_bytes_per_s": copy, "rows": [
+        {"prefix": 131072, "n": 64, "impl": "pallas_triton", "frac_of_copy": kv / (us * 1e-6) / copy,
+         "kv_bytes": kv, "flops": flops, "flop_s": flops / (us * 1e-6)}]}
+    harness = {"prefill": {"prompt": 8192, "tflop_s_2NP": 330.0, "time": _phase(1272.9)}, "matmul": {"tflop_s": 642.5}}
+    t = table.compose(None, attention, harness, budget=63, block=16, tau=9.18, real=True)
+    r = {x["row"]: x for x in t["rows"]}
+    got = r["tree attention (pallas_triton), N = 64, FLOP/s of bf16 matmul (642.5 TFLOP/s)"]
+    assert got["value"] == pytest.approx(0.4027, abs=1e-3) and got["context"] == 131072 and got["goal"] is None
+    need = r["tree attention, N = 64: FLOP/s the copy goal would take, of bf16 matmul"]
+    assert need["value"] == pytest.approx(1.0847, abs=1e-3)
+    assert r["tree attention (pallas_triton), N = 64, KV bytes/s of copy (2269 GB/s)"]["met"] is False
+
+
+def test_compose_shows_each_kernel_against_its_copy():
+    """The verify and tree delta rule parts: the Pallas kernel's rows where it ran (else the jnp ones), each as
+    a fraction of the copy measured in its own run, with its time; no goal of their own."""
+    verify = {"copy_bytes_per_s": 3.5e12, "rows": [
+        {"rows": 65, "temperature": 0.0, "impl": "xla", "us": 30.0, "frac_of_copy": 0.6},
+        {"rows": 65, "temperature": 0.0, "impl": "pallas_triton", "us": 25.0, "frac_of_copy": 0.7}]}
+    delta = {"copy_bytes_per_s": 3.5e12, "rows": [
+        {"n": 16, "impl": "xla", "device_us_per_layer": 20.0, "frac_of_copy": 0.1}]}
+    t = table.compose(None, None, None, budget=64, block=16, tau=9.18, real=True, verify=verify, delta_rule=delta)
+    r = {x["row"]: x for x in t["rows"]}
+    assert r["verify (pallas_triton), 65 rows, T = 0: logits bytes/s of copy (3500 GB/s)"]["value"] == 0.7
+    assert r["verify (pallas_triton), 65 rows, T = 0: time"]["value"] == 25.0
+    assert not any(k.startswith("verify (xla)") for k in r)                  # the kernel ran: its rows only
+    assert r["tree delta rule (xla), N = 16, per GDN layer: device time"]["value"] == 20.0
+    assert r["tree delta rule (xla), N = 16, per GDN layer: state + inputs + outputs bytes/s of copy (3500 GB/s)"][
+        "value"] == 0.1
+    assert all(x["goal"] is None and x["met"] is None for x in t["rows"])
+    assert "| verify (pallas_triton), 65 rows, T = 0: logits bytes/s of copy (3500 GB/s) | - | 70.0% |" in \
+        table.markdown(t, "# t")
+
+
 def test_compose_of_a_tiny_run_judges_nothing():
     t = table.compose(_rounds(), None, None, budget=64, block=16, tau=9.18, real=False)
     assert all(r["met"] is None for r in t["rows"])
@@ -71,7 +109,7 @@ def test_parts_past_the_deadline_leave_rows_unmeasured(tmp_path, capsys, monkeyp
     monkeypatch.setenv("JAXSPEC_COMMIT", "abc1234")
     assert table.main(["--config", "tiny", "--contexts", "64", "--deadline-s", "0.5", "--out", str(tmp_path)]) == 1
     t = json.loads((tmp_path / "table.json").read_text())
-    assert set(t["parts"]) == {"rounds", "attention", "prefill"}
+    assert set(t["parts"]) == set(table.PARTS)
     assert all("not started" in p["rc"] for p in t["parts"].values())
     md = (tmp_path / "table.md").read_text()
     assert "No roofline" in md
@@ -88,6 +126,8 @@ def test_all_parts_run_on_cpu(tmp_path):
     missing = [r["row"] for r in t["rows"] if r["value"] is None]
     assert not missing, missing
     assert any(r["row"].startswith("tree attention") and r["context"] == 128 for r in t["rows"])
+    for kernel in ("verify (xla), 9 rows", "tree delta rule (xla), N = 16", "tree delta rule (xla), N = 9"):
+        assert any(r["row"].startswith(kernel) and r["unit"] == "of copy" and r["value"] > 0 for r in t["rows"]), kernel
     assert "not measured" not in (tmp_path / "table.md").read_text()
 
 

@@ -547,13 +547,15 @@ def test_pair_tiny_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
-    """--no-eval: no held-out evaluation (the drafter may train until 95% of the budget instead of 72%); the
-    pair is still trained, exported and packed."""
+    """--no-eval: no held-out evaluation (the drafter may train until 95% of the budget instead of 74%); the
+    pair is still trained, exported and packed, with the data and drafter sizes the flags ask for."""
     out = tmp_path / "out"
     t0 = time.time()
     assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval",
-                       "--target-max-epochs", "0.5"]) == 0
+                       "--target-max-epochs", "0.5", "--gen-sequences", "8", "--drafter-layers", "2"]) == 0
     res = json.loads((out / "results.json").read_text())
+    assert 0 < res["drafter_data"]["greedy"]["sequences"] <= 8                  # --gen-sequences (tiny: 16)
+    assert len(res["drafter"]["config"]["layer_types"]) == 2                   # --drafter-layers (tiny: 1)
     assert "methods" not in res["eval"] and "--no-eval" in res["eval"]["skipped"]
     assert 0 < res["target"]["epochs"] <= 0.5 and res["target"]["max_epochs"] == 0.5
     c = res["corpus"]                     # the drafter's prompts: files neither trained on nor evaluated on
@@ -582,7 +584,10 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
 
 @pytest.mark.parametrize("flags,message", [(["--target-width", "300"], "--target-width 300"),
                                            (["--target-layers", "3"], "--target-layers 3"),
-                                           (["--target-max-epochs", "-1"], "--target-max-epochs -1")])
+                                           (["--target-max-epochs", "-1"], "--target-max-epochs -1"),
+                                           (["--gen-sequences", "0"], "--gen-sequences 0"),
+                                           (["--gen-batch", "-4"], "--gen-batch -4"),
+                                           (["--drafter-layers", "0"], "--drafter-layers 0")])
 def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err

@@ -256,3 +256,18 @@ def test_gpu_opt_in_dispatch_is_the_kernel(seed, monkeypatch):
     assert fn.lower(*args).as_text().count("__gpu$xla.gpu.triton") == 1
     up = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in args)
     assert_matches(fn(*args), jax.jit(reference.tree_attention)(*up), BOUND["bfloat16"])
+
+
+def test_bench_reports_bytes_and_flops(tmp_path):
+    """The benchmark at the real head shape (on the CPU: the reference): KV bytes and the two products' FLOPs
+    over every key read, each over the time per layer."""
+    import json
+
+    from pallas_kernels.tree_attention import bench
+    bench.main(["--prefixes", "64", "--sizes", "5", "--layers", "1", "--iters", "1", "--json", str(tmp_path / "a.json")])
+    (row,) = json.loads((tmp_path / "a.json").read_text())["rows"]
+    h, kv, hd = arg_specs.REAL_HEADS, arg_specs.REAL_KV_HEADS, arg_specs.REAL_HEAD_DIM
+    assert row["impl"] == "reference" and row["kv_bytes"] == 2 * (64 + 5) * kv * hd * 2
+    assert row["flops"] == 4 * 5 * h * (64 + 5) * hd
+    assert row["flop_s"] == pytest.approx(row["flops"] / (row["us_per_layer"] * 1e-6))
+    assert row["bytes_per_s"] == pytest.approx(row["kv_bytes"] / (row["us_per_layer"] * 1e-6))

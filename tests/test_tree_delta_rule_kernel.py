@@ -223,6 +223,17 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert [r["impl"] for r in rows] == ["reference", "xla"]
     assert all(r["us_per_layer"] > 0 and 0 < r["device_us_per_layer"] < float("inf") for r in rows)
     assert rows[1]["rel_err_vs_reference"] < 1e-4
+    # bytes a layer moves: q, k, v (N x 48 x 128), g, beta, the ancestor mask and the fp32 state in; the outputs
+    # and the per-node update's factors out; over its device time, against the copy of the same run
+    state = arg_specs.REAL_HEADS * arg_specs.REAL_DK * arg_specs.REAL_DV * 4
+    small = 5 * arg_specs.REAL_HEADS * (5 * arg_specs.REAL_DK + 3) * 4 + 25            # N = 5
+    assert all(r["bytes_per_layer"] == state + small for r in rows)
+    assert all(r["frac_of_copy"] == pytest.approx(r["bytes_per_s"] / json.loads((tmp_path / "b.json").read_text())[
+        "copy_bytes_per_s"]) for r in rows)
+    bench.main(["--sizes", "5", "--layers", "1", "--iters", "1", "--impls", "xla", "--json", str(tmp_path / "x.json")])
+    assert [r["impl"] for r in json.loads((tmp_path / "x.json").read_text())["rows"]] == ["xla"]
+    with pytest.raises(SystemExit):
+        bench.main(["--impls", "pallas_mosaic"])
 
 
 # ---------------------------------------------------------------------------------------------- GPU

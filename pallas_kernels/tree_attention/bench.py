@@ -93,6 +93,8 @@ def main(argv=None):
                 q = q_l if q is None else q
                 caches.append((keys, values))
             kv_bytes = 2 * a.batch * (prefix + n) * kv * hd * 2
+            # the two products (scores, weighted values) over every key the kernel reads, masked ones included
+            flops = 4 * a.batch * n * h * (prefix + n) * hd
             for name, fn in implementations(a.sweep, on_gpu, n).items():
                 if name == "reference" and a.no_reference:
                     continue
@@ -109,7 +111,8 @@ def main(argv=None):
                 t = timed(run, q, caches, start, anc, iters=a.iters) / a.layers
                 bw = kv_bytes / t
                 rows.append(dict(prefix=prefix, n=n, impl=name, us_per_layer=t * 1e6, kv_bytes=kv_bytes,
-                                 bytes_per_s=bw, frac_of_copy=bw / copy_bw, compile_s=compile_s,
+                                 bytes_per_s=bw, frac_of_copy=bw / copy_bw, flops=flops, flop_s=flops / t,
+                                 compile_s=compile_s,
                                  finite=bool(jnp.isfinite(out.astype(jnp.float32)).all())))
                 print(f"prefix {prefix:6d} N={n:4d} {name:32s} {t * 1e6:9.1f} us/layer  {bw / 1e12:5.2f} TB/s "
                       f"({bw / copy_bw:5.1%} of copy)  compile {compile_s:.1f} s", flush=True)

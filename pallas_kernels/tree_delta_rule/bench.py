@@ -1,12 +1,14 @@
 """Time the tree delta rule's implementations at the real GDN shape (48 value heads, Dk = Dv = 128).
 
-    JAX_PLATFORMS=cuda python -m pallas_kernels.tree_delta_rule.bench [--sweep] [--json out.json]
+    JAX_PLATFORMS=cuda python -m pallas_kernels.tree_delta_rule.bench [--sweep] [--impls pallas_triton] [--json out.json]
 
 Each timed call is one jit applying the op `--layers` times in sequence (unrolled like the model's 48
 GDN layers, each layer's state depending on the previous output so that nothing is hoisted), so
 launch overhead is amortised as in a decode step; reported per layer, synchronised and on the device
 (bench.profile.device_time, the kernels' summed durations). `--sweep` adds the kernel's
-tuning variants (dot precision, value slice, key chunk, warps).
+tuning variants (dot precision, value slice, key chunk, warps). Each row also gives the bytes a layer's
+call reads and writes (its inputs, the state included, and its outputs) over its device time, against a
+device copy measured in the same run (`frac_of_copy`): the op streams the fp32 state, so that is its ceiling.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from bench.harness import time_kernel, write_results
+from pallas_kernels.tree_attention.bench import copy_bandwidth
 from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
 
 
@@ -53,17 +56,26 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=48)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--impls", default="", help="only these implementations (comma-separated; default: all there are)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
+    impls = implementations(a.sweep, on_gpu)
+    want = [x for x in a.impls.split(",") if x]
+    if set(want) - set(impls):
+        p.error(f"--impls: {sorted(set(want) - set(impls))} not available here; choose from {', '.join(impls)}")
+    if want:
+        impls = {k: v for k, v in impls.items() if k in want}
+    copy_bw = copy_bandwidth(a.iters)
     rows = []
     print(f"{jax.devices()[0].device_kind}; batch {a.batch}, {arg_specs.REAL_HEADS} heads, "
-          f"Dk = Dv = {arg_specs.REAL_DK}; per layer, median of {a.iters} calls of {a.layers} layers")
+          f"Dk = Dv = {arg_specs.REAL_DK}; per layer, median of {a.iters} calls of {a.layers} layers; "
+          f"copy {copy_bw / 1e12:.2f} TB/s")
     for n in map(int, a.sizes.split(",")):
         spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, "tree")
         args, _ = arg_specs.make_inputs(n, spec)
         ref = None
-        for name, fn in implementations(a.sweep, on_gpu).items():
+        for name, fn in impls.items():
             run = stacked(fn, a.layers)
             try:
                 t = time_kernel(lambda: run(*args), a.iters)
@@ -76,12 +88,14 @@ def main(argv=None):
             if ref is None:
                 ref = outs
             err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs[:2], ref[:2]))
+            nbytes = sum(x.nbytes for x in jax.tree.leaves((args, outs)))
+            bw = nbytes / ((dev_us if dev_us > 0 else us) * 1e-6)
             rows.append(dict(n=n, impl=name, us_per_layer=us, device_us_per_layer=dev_us, rel_err_vs_reference=err,
-                             compile_s=compile_s))
-            print(f"N={n:4d} {name:45s} {us:9.1f} us/layer (device {dev_us:7.1f})  err {err:.1e}  "
-                  f"compile {compile_s:.1f} s", flush=True)
+                             compile_s=compile_s, bytes_per_layer=nbytes, bytes_per_s=bw, frac_of_copy=bw / copy_bw))
+            print(f"N={n:4d} {name:45s} {us:9.1f} us/layer (device {dev_us:7.1f})  {bw / 1e12:5.2f} TB/s "
+                  f"({bw / copy_bw:5.1%} of copy)  err {err:.1e}  compile {compile_s:.1f} s", flush=True)
     if a.json:
-        write_results(a.json, rows, batch=a.batch, layers=a.layers)
+        write_results(a.json, rows, batch=a.batch, layers=a.layers, copy_bytes_per_s=copy_bw)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,17 @@ def main(argv=None):
     p.add_argument("--rows", default="1,16,65,1025")
     p.add_argument("--vocab", type=int, default=VOCAB)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--impls", default="", help="only these implementations (comma-separated; default: all there are)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     copy_bw = copy_bandwidth(a.iters)
     print(f"{jax.devices()[0].device_kind}; copy {copy_bw / 1e12:.2f} TB/s; V = {a.vocab}, fp32 logits", flush=True)
     impls = ["reference", "xla"] + (["pallas_triton"] if on_gpu else [])
+    want = [x for x in a.impls.split(",") if x]
+    if set(want) - set(impls):
+        p.error(f"--impls: {sorted(set(want) - set(impls))} not available here; choose from {', '.join(impls)}")
+    impls = [i for i in impls if not want or i in want]
     rows = []
     for r in map(int, a.rows.split(",")):
         x = jax.random.normal(jax.random.key(r), (r, a.vocab), jnp.float32)
