@@ -1,0 +1,22 @@
+#!/bin/bash
+# Next GPU session, #6 (nvidia-h200, one call, <= 9.5 min): the plan's items 1 and 3 in one start.
+# 1. The tree build alone at B = 31, 32, 63, 64, as the engine runs it ("plain") and with the counted top-k's
+#    input materialised ("materialized"), each with its 14 longest kernels and its optimised HLO (~1-2 min).
+#    Prediction (bench/tree_build.py's docstring): materialized brings B = 63 from 0.69 to <= 0.47 ms of device
+#    time and B = 31 to <= 0.43, and leaves B = 64 / 32 unchanged. Refuted if B = 63 stays above 0.6 ms.
+# 2. Issue #6's whole table at 1K / 32K / 128K, budget 63, now with the verify and delta_rule parts (their
+#    kernels against their own references at the real shape, CPU-tested only until now). Prediction: the rows of
+#    session 14 (bench/results/2026-12-01-h200-s14-table) within 2%; verify kernel (65 rows) faster than its jnp
+#    copy; the tree delta rule kernel at 16 / 64 nodes at 20-40 us a layer (session 10's sweep: 30.7 at 65).
+# JAXSPEC_COMMIT=<hash> [LIMIT=580] bash bench/next/k_table.sh
+export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
+W=/tmp/kt; mkdir -p $W
+trap '(cd $W && tar czf $OUT/kt.tgz .); grep -h "rc=\|tree_build B=" $W/*.log | tail -12; cat $W/t/table.md 2>/dev/null' EXIT
+T0=$(date +%s); at() { echo $(( $(date +%s) - T0 )); }
+timeout 150 python -m bench.tree_build --budgets 31,32,63,64 --variants plain,materialized --kernels 14 \
+  --hlo-dir $W/hlo --out $W/tree_build.json > $W/tree_build.log 2>&1
+echo "tree_build rc=$? at $(at)" >> $W/tree_build.log
+timeout $(( ${LIMIT:-580} - $(at) )) python -m bench.table --config real --contexts 1024,32768,131072 --budget 63 \
+  --deadline-s $(( ${LIMIT:-580} - 25 - $(at) )) --out $W/t > $W/table.log 2>&1
+echo "table rc=$? at $(at)" >> $W/table.log
