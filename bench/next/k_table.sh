@@ -5,9 +5,10 @@
 #    Prediction (bench/tree_build.py's docstring): materialized brings B = 63 from 0.69 to <= 0.47 ms of device
 #    time and B = 31 to <= 0.43, and leaves B = 64 / 32 unchanged. Refuted if B = 63 stays above 0.6 ms.
 # 2. Issue #6's whole table at 1K / 32K / 128K, budget 63, now with the verify and delta_rule parts (their
-#    kernels against their own references at the real shape, CPU-tested only until now). Prediction: the rows of
-#    session 14 (bench/results/2026-12-01-h200-s14-table) within 2%; verify kernel (65 rows) faster than its jnp
-#    copy; the tree delta rule kernel at 16 / 64 nodes at 20-40 us a layer (session 10's sweep: 30.7 at 65).
+#    kernels alone at the real shape, against a copy in the same process; CPU-tested only until now). Predictions:
+#    the rows of session 14 (bench/results/2026-12-01-h200-s14-table) within 2%; the verify kernel reads the 64
+#    rows' 63.6 MB of fp32 logits once, at >= 50% of copy (never measured alone); the tree delta rule kernel at
+#    16 / 64 nodes 20-40 us a layer (session 10's sweep: 30.7 at 65 nodes).
 # JAXSPEC_COMMIT=<hash> [LIMIT=580] bash bench/next/k_table.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
