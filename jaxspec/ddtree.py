@@ -336,4 +336,4 @@ def build_tree(logp, root_token, budget: int) -> DDTree:
     valid = with_root(valid, True)
     score = with_root(score, 0.0)
     anc = _ancestors(parent, n_depth)
-    return DDTree(tokens, trees.Tree(parent, depth, anc), valid, score, pack_bits(anc))
+    return DDTree(tokens, trees.Tree(parent, depth, anc, max_depth=n_depth), valid, score, pack_bits(anc))

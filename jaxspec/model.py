@@ -424,7 +424,11 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     ssm = []
     if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
         gdn = pending.gdn
+        reach = nn if tree.max_depth is None else min(nn, tree.max_depth + 1)   # the longest accepted path
+        nodes = None
+        if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
+            nodes, anc_row = path[:, :reach], jnp.arange(reach)[None] < n[:, None]
         s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
-                        rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads)
+                        rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads, nodes=nodes)
         ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]
     return State(start + n, keys, values, tuple(conv), tuple(ssm))

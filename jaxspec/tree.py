@@ -17,12 +17,15 @@ class Tree:
     anc: [B, N, N] bool, anc[b, i, j] iff j is an ancestor-or-self of i.
     chain: static; True when node i's parent is i - 1 for every i (prefill chunks, DFlash), which lets
     the delta rule run in fixed-size chunks with the state carried between them.
+    max_depth: static; no node is deeper than this (None: not known, up to N - 1). An accepted path then
+    has at most max_depth + 1 nodes, and commit folds only those into the GDN state.
     """
 
     parent: jax.Array
     depth: jax.Array
     anc: jax.Array
     chain: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    max_depth: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
     def size(self) -> int:

@@ -67,3 +67,28 @@ def test_states_at_equals_state_at_per_layer():
         want = state_at(s0s[l], jnp.repeat(ks[l], rep, 2), deltas[l], Gs[l], anc_row, G_nodes[l])
         np.testing.assert_allclose(got[l], want, rtol=1e-5, atol=1e-6)
         assert not np.allclose(got[l], s0s[l])            # the update is not empty
+
+
+def test_states_at_over_listed_nodes_equals_masked():
+    """`nodes`: contracting over a listed subset of the nodes (an accepted path, padded past its length) equals
+    contracting over all N with the others masked out, per sequence."""
+    from pallas_kernels.tree_delta_rule.reference import states_at
+    rng = np.random.default_rng(4)
+    b, n, hk, rep, dk, dv, layers, p = 2, 11, 2, 2, 4, 3, 3, 5
+    h = hk * rep
+    nodes = np.stack([rng.permutation(n)[:p] for _ in range(b)]).astype(np.int32)
+    length = np.array([3, 5])
+    on = np.arange(p)[None] < length[:, None]
+    anc_row = np.zeros((b, n), bool)
+    for i in range(b):
+        anc_row[i, nodes[i, :length[i]]] = True
+    s0s = [jnp.asarray(rng.normal(size=(b, h, dk, dv)), jnp.float32) for _ in range(layers)]
+    ks = [jnp.asarray(rng.normal(size=(b, n, hk, dk)), jnp.float32) for _ in range(layers)]
+    deltas = [jnp.asarray(rng.normal(size=(b, n, h, dv)), jnp.float32) for _ in range(layers)]
+    Gs = [jnp.asarray(-np.cumsum(rng.random((b, n, h)), 1), jnp.float32) for _ in range(layers)]
+    G_nodes = [G[:, 7] for G in Gs]
+    want = states_at(s0s, ks, deltas, Gs, jnp.asarray(anc_row), G_nodes, rep=rep)
+    got = states_at(s0s, ks, deltas, Gs, jnp.asarray(on), G_nodes, rep=rep, nodes=jnp.asarray(nodes))
+    for g, w, s0 in zip(got, want, s0s):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(g, s0)

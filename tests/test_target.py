@@ -1,5 +1,7 @@
 """The Flax target against Hugging Face transformers' Qwen3.5 (fp32, CPU): logits, taps, caching."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -136,8 +138,10 @@ def test_tree_nodes_equal_their_ancestor_chains(tiny_hf):
         np.testing.assert_allclose(taps[0, i], ref_taps[i, ends[i]], rtol=1e-5, atol=1e-5)
 
 
-def test_tree_commit_equals_chain_commit(tiny_hf):
-    """Committing an accepted path of a tree leaves the same state as committing that path as a chain."""
+@pytest.mark.parametrize("max_depth", [None, 4])
+def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
+    """Committing an accepted path of a tree leaves the same state as committing that path as a chain, whether
+    the GDN update runs over every node (max_depth unknown) or over the path's nodes alone (the tree's depth)."""
     path, _ = tiny_hf
     model = load_target(path, dtype="float32")
     fwd, com = jitted(model)
@@ -148,7 +152,8 @@ def test_tree_commit_equals_chain_commit(tiny_hf):
     base = _commit_chain(com, base, pend, 9, 9)
     parent = np.array([-1, 0, 0, 1, 2, 4, 4, 5])
     tokens = rng.randint(0, 512, len(parent))
-    tr = trees.from_parents(jnp.asarray(parent[None]))
+    tr = dataclasses.replace(trees.from_parents(jnp.asarray(parent[None])), max_depth=max_depth)
+    assert int(tr.depth.max()) == 4
     _, _, st, pend = fwd(jnp.asarray(tokens[None]), base, tr)
     accepted = [0, 2, 4, 6]
     pth = jnp.asarray([accepted + [0] * (len(parent) - 4)])
