@@ -26,7 +26,7 @@ from jaxspec.sharding import constrain_state, dp_degree, state_maker
 def accept(tree: trees.Tree, tokens, target_choice):
     """Walk from the root along the target's own choice: at node `cur` go to the child whose token is
     target_choice[cur]; stop when there is none. Lossless for greedy and for independent per-node
-    samples. Returns path [B,N] (valid for k < n; 0 beyond), n [B] >= 1, bonus [B].
+    samples. Returns path [B,P] (P = tree.longest_path; valid for k < n; 0 beyond), n [B] >= 1, bonus [B].
 
     Computed without a loop (a sequential walk costs a kernel launch per depth on the GPU): a node is
     on the path iff it and every ancestor match their parent's choice, taking the first matching
@@ -41,7 +41,8 @@ def accept(tree: trees.Tree, tokens, target_choice):
     n = on.sum(1).astype(jnp.int32)
     last = jnp.argmax(jnp.where(on, tree.depth, -1), 1)
     rows = jnp.arange(b)[:, None]
-    path = jnp.zeros((b, nn), jnp.int32).at[rows, jnp.where(on, tree.depth, nn)].set(
+    p = tree.longest_path
+    path = jnp.zeros((b, p), jnp.int32).at[rows, jnp.where(on, tree.depth, p)].set(
         jnp.broadcast_to(idx, (b, nn)), mode="drop")
     bonus = jnp.take_along_axis(target_choice, last[:, None], 1)[:, 0]
     return path, n, bonus
@@ -220,7 +221,7 @@ class Engine:
         state = commit(self.cfg, state, pend, tr, path, n_commit)
         draft = self.spec.update(params[1], model, draft, taps, path, n_commit)
         # Emitted this round: the accepted drafts (path[1:n]) then the bonus.
-        b, nn = tokens.shape
+        b, nn = path.shape
         k = jnp.arange(nn, dtype=jnp.int32)[None]
         path_tok = jnp.take_along_axis(tokens, jnp.roll(path, -1, 1), 1)
         emit = jnp.where(k < n[:, None] - 1, path_tok, bonus[:, None])

@@ -386,8 +386,10 @@ def init_state(cfg: TargetConfig, batch: int, max_len: int) -> State:
 def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, n) -> State:
     """Fold an accepted root-to-node path into the state.
 
-    path [B, N]: node indices of the accepted path (path[:, k] has depth k), valid for k < n [B]. A
-    sequence with n = 0 keeps its state (a finished sequence, or a prompt shorter than this piece).
+    path [B, P]: node indices of the accepted path (path[:, k] has depth k), valid for k < n [B]; P <= N
+    (accept gives P = tree.longest_path: a DDTree drafted 15 deep has paths of at most 16 of its 65 nodes, and
+    only those are moved and folded in). A sequence with n = 0 keeps its state (a finished sequence, or a
+    prompt shorter than this piece).
     Attention: tree-slot rows start + path[k] move to start + k (their RoPE positions, start + depth,
     are already right). GDN: the state after the last accepted node is rebuilt from its block's
     entering state and the per-node deltas; the conv history becomes that node's window.
@@ -397,10 +399,11 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     keep = n > 0
     last = jnp.take_along_axis(path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0]         # [B]
     keys, values = state.keys, state.values
+    reach = path.shape[1]
     if not tree.chain:
         rows = jnp.arange(b)[:, None]
-        src = start[:, None] + path
-        dst = jnp.where(jnp.arange(nn)[None] < n[:, None], start[:, None] + jnp.arange(nn)[None], state.max_len)
+        src = start[:, None] + path[:, :reach]
+        dst = jnp.where(jnp.arange(reach)[None] < n[:, None], start[:, None] + jnp.arange(reach)[None], state.max_len)
         move = lambda c: c.at[rows, dst].set(c[rows, jnp.clip(src, 0, state.max_len - 1)], mode="drop")
         keys, values = tuple(map(move, keys)), tuple(map(move, values))
 
@@ -424,7 +427,6 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     ssm = []
     if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
         gdn = pending.gdn
-        reach = nn if tree.max_depth is None else min(nn, tree.max_depth + 1)   # the longest accepted path
         nodes = None
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
             nodes, anc_row = path[:, :reach], jnp.arange(reach)[None] < n[:, None]

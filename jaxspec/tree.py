@@ -31,6 +31,11 @@ class Tree:
     def size(self) -> int:
         return self.parent.shape[1]
 
+    @property
+    def longest_path(self) -> int:
+        """Nodes on the longest root-to-node path the tree can have (static)."""
+        return self.size if self.max_depth is None else min(self.size, self.max_depth + 1)
+
 
 def chain(batch: int, n: int) -> Tree:
     idx = jnp.arange(n, dtype=jnp.int32)

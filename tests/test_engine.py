@@ -1,6 +1,8 @@
 """Plain AR through the engine: token-identical to transformers' greedy generate; batching, sampling,
 stop tokens and bad input."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,7 +141,10 @@ def test_accept_equals_a_sequential_walk():
             cur = kids[0]
             path.append(cur)
         tr = trees.from_parents(jnp.asarray(parent[None]))
+        if i % 2:               # a tree that knows its depth: the path comes as wide as its longest one
+            tr = dataclasses.replace(tr, max_depth=int(tr.depth.max()))
         got_path, got_n, bonus = accept(tr, jnp.asarray(tokens[None]), jnp.asarray(choice[None]))
+        assert got_path.shape == (1, n if i % 2 == 0 else int(tr.depth.max()) + 1)
         assert int(got_n[0]) == len(path)
         assert np.asarray(got_path[0, :len(path)]).tolist() == path
         assert int(bonus[0]) == choice[cur]

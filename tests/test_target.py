@@ -156,7 +156,7 @@ def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
     assert int(tr.depth.max()) == 4
     _, _, st, pend = fwd(jnp.asarray(tokens[None]), base, tr)
     accepted = [0, 2, 4, 6]
-    pth = jnp.asarray([accepted + [0] * (len(parent) - 4)])
+    pth = jnp.asarray([accepted + [0] * (len(parent) - 4)])[:, :tr.longest_path]   # as `accept` gives it
     st = com(st, pend, tr, pth, jnp.asarray([4]))
     _, _, ref, pend = fwd(jnp.asarray(tokens[accepted][None]), base, trees.chain(1, 4))
     ref = _commit_chain(com, ref, pend, 4, 4)
