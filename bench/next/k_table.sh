@@ -9,10 +9,11 @@
 #    the rows of session 14 (bench/results/2026-12-01-h200-s14-table) within 2%; the verify kernel reads the 64
 #    rows' 63.6 MB of fp32 logits once, at >= 50% of copy (never measured alone); the tree delta rule kernel at
 #    16 / 64 nodes 20-40 us a layer (session 10's sweep: 30.7 at 65 nodes).
-# 3. (in 2's rows) the commit's GDN update over an accepted path's <= 16 nodes instead of all 64 (session 15,
-#    Tree.max_depth; on this CPU at the real shape 242 -> 156 ms a call, bit-identical, bench/results/
+# 3. (in 2's rows) session 15's narrow accepted path (Tree.max_depth, 7a71a2f): commit moves and folds into the
+#    GDN state, and the drafter takes as context, at most 16 rows of a 64-node tree instead of 64. On a CPU the
+#    GDN fold at the real shape went 165 -> 103 ms a call, bit-identical (bench/results/
 #    2026-12-01-cpu-commit-path-nodes). Prediction: tree build + accept + commit 1.35 -> 1.15-1.25 ms of
-#    device time at 1K, the DDTree(63) round -0.1 to -0.2 ms; the DFlash round unchanged (a chain).
+#    device time at 1K, the DDTree(63) round -0.1 to -0.25 ms; the DFlash round unchanged (a chain).
 # JAXSPEC_COMMIT=<hash> [LIMIT=580] bash bench/next/k_table.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
