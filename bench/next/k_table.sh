@@ -1,5 +1,6 @@
 #!/bin/bash
-# Next GPU session, #6 (nvidia-h200, one call, <= 9.5 min): the plan's items 1 and 3 in one start.
+# Next GPU session, #6 (nvidia-h200, one call, <= 9.5 min): the engine's GPU lossless test, then the plan's
+# items 1 and 3 in one start.
 # 1. The tree build alone at B = 31, 32, 63, 64, as the engine runs it ("plain") and with the counted top-k's
 #    input materialised ("materialized"), each with its 14 longest kernels and its optimised HLO (~1-2 min).
 #    Prediction (bench/tree_build.py's docstring): materialized brings B = 63 from 0.69 to <= 0.47 ms of device
@@ -18,8 +19,12 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 W=/tmp/kt; mkdir -p $W
-trap '(cd $W && tar czf $OUT/kt.tgz .); grep -h "rc=\|tree_build B=" $W/*.log | tail -12; cat $W/t/table.md 2>/dev/null' EXIT
+trap '(cd $W && tar czf $OUT/kt.tgz .); grep -h "rc=\|tree_build B=\|passed\|failed" $W/*.log | tail -14; cat $W/t/table.md 2>/dev/null' EXIT
 T0=$(date +%s); at() { echo $(( $(date +%s) - T0 )); }
+# 0. The engine with every kernel on stays token-identical to AR (oracle drafters that get accepted), now that
+#    accept / commit / the drafter's update take the narrow path (~60 s at d41b256).
+timeout 120 python -m pytest -q -m gpu tests/test_kernels_engine.py > $W/gpu_tests.log 2>&1
+echo "gpu tests rc=$? at $(at)" >> $W/gpu_tests.log
 timeout 150 python -m bench.tree_build --budgets 31,32,63,64 --variants plain,materialized --kernels 14 \
   --hlo-dir $W/hlo --out $W/tree_build.json > $W/tree_build.log 2>&1
 echo "tree_build rc=$? at $(at)" >> $W/tree_build.log
