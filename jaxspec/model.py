@@ -402,7 +402,7 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     reach = path.shape[1]
     if not tree.chain:
         rows = jnp.arange(b)[:, None]
-        src = start[:, None] + path[:, :reach]
+        src = start[:, None] + path
         dst = jnp.where(jnp.arange(reach)[None] < n[:, None], start[:, None] + jnp.arange(reach)[None], state.max_len)
         move = lambda c: c.at[rows, dst].set(c[rows, jnp.clip(src, 0, state.max_len - 1)], mode="drop")
         keys, values = tuple(map(move, keys)), tuple(map(move, values))
@@ -429,7 +429,7 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
         gdn = pending.gdn
         nodes = None
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
-            nodes, anc_row = path[:, :reach], jnp.arange(reach)[None] < n[:, None]
+            nodes, anc_row = path, jnp.arange(reach)[None] < n[:, None]
         s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
                         rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads, nodes=nodes)
         ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]
