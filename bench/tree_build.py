@@ -13,6 +13,8 @@ optimisation barrier, so that XLA cannot fuse the beam's candidate scores (a bro
 [B, B] to B * B entries) into the O(C^2) comparison, where each comparison would recompute them with index
 arithmetic that is a real division for B = 63 and a shift for B = 64 (the hypothesis for B = 63's 0.69 ms
 against 0.47, bench/results/2026-12-01-h200-s14-table). Both variants must build the same tree; checked.
+Session 16 refuted it (0.687 -> 0.663 ms, bench/results/2026-12-01-h200-s16-table): the kernels named the
+cumsum of the counted selection instead, now ddtree.running_count.
 """
 from __future__ import annotations
 

@@ -408,8 +408,6 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
         keys, values = tuple(map(move, keys)), tuple(map(move, values))
 
     block = last // CHUNK if tree.chain else jnp.zeros_like(last)
-    in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
-    anc_row = jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block  # [B,N]
     hist = cfg.conv_kernel - 1
     win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
     win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
@@ -427,9 +425,11 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     ssm = []
     if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
         gdn = pending.gdn
-        nodes = None
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
             nodes, anc_row = path, jnp.arange(reach)[None] < n[:, None]
+        else:                                    # the last node's ancestors among all nodes (its block's, for a chain)
+            in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
+            nodes, anc_row = None, jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block  # [B,N]
         s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
                         rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads, nodes=nodes)
         ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]

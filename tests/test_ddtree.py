@@ -454,6 +454,17 @@ def test_counted_selections_equal_top_k(kind, c):
         np.testing.assert_array_equal(counted_top_k_set(jnp.asarray(x), k), np.sort(np.asarray(idx), -1))
 
 
+@pytest.mark.parametrize("c", [1, 15, 16, 17, 64, 65, 961, 1024, 3969, 4096])
+def test_running_count_equals_cumsum(c):
+    from jaxspec.ddtree import running_count
+    rng = np.random.default_rng(c)
+    for p in (0.05, 0.5, 0.97):                         # sparse, even and dense masks
+        mask = rng.random((2, 3, c)) < p
+        got = jax.jit(running_count)(jnp.asarray(mask))
+        assert got.dtype == jnp.int32 and got.shape == mask.shape
+        np.testing.assert_array_equal(got, np.cumsum(mask, -1))
+
+
 def test_count_is_the_gpu_default_and_only_up_to_its_size(monkeypatch):
     from jaxspec import ddtree
     monkeypatch.delenv("JAXSPEC_DDTREE_TOP_K", raising=False)
