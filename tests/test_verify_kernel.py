@@ -58,6 +58,16 @@ def test_sample_is_its_jnp_twin(seed, temperature, rows, vocab):
     np.testing.assert_array_equal(out, reference.gumbel_choice(words, x, temperature))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("splits", [1, 5, 16])
+def test_bench_split_variants_choose_what_the_op_chooses(seed, temperature, splits):
+    """The bench's `--splits` rows time the kernel with other splits: the same tokens as the op (jnp twin)."""
+    from pallas_kernels.verify.bench import variant
+    x, key = logits_for(seed, 3, 4099), jax.random.key(seed)
+    got = variant(key, x, temperature, splits=splits, interpret=True)
+    np.testing.assert_array_equal(got, api.target_choice(key, x, temperature, implementation="xla"))
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_slices_combine_into_the_whole_row(seed, temperature):
     """The bests of column slices (global row/column origins: a sharded vocabulary), combined first-on-ties

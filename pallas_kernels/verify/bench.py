@@ -18,9 +18,16 @@ import jax.numpy as jnp
 
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
-from pallas_kernels.verify import api
+from pallas_kernels.verify import api, pallas_triton, reference
 
 VOCAB = 248320
+
+
+def variant(key, logits, temperature, *, splits, interpret=False):
+    """The kernel with `splits` programs per row (api.target_choice's pallas_triton path, splits forced)."""
+    seed = jnp.zeros((2,), jnp.uint32) if temperature == 0.0 else reference.seed_words(key)
+    val, idx = pallas_triton.gumbel_partial(seed, logits, temperature, splits=splits, interpret=interpret)
+    return api.combine(val[:, None], idx[:, None])
 
 
 def main(argv=None):
@@ -29,6 +36,8 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=VOCAB)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--impls", default="", help="only these implementations (comma-separated; default: all there are)")
+    p.add_argument("--splits", default="", help="also time the kernel with these vocabulary splits per row "
+                   "(comma-separated; rows 'pallas_triton/sN', each checked against the default's choices; GPU only)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
@@ -39,13 +48,24 @@ def main(argv=None):
     if set(want) - set(impls):
         p.error(f"--impls: {sorted(set(want) - set(impls))} not available here; choose from {', '.join(impls)}")
     impls = [i for i in impls if not want or i in want]
+    splits = [int(x) for x in a.splits.split(",") if x]
+    if splits and not on_gpu:
+        p.error("--splits: the kernel's variants run on a GPU only")
+    variants = {f"pallas_triton/s{n}": functools.partial(variant, splits=n) for n in splits}
     rows = []
     for r in map(int, a.rows.split(",")):
         x = jax.random.normal(jax.random.key(r), (r, a.vocab), jnp.float32)
         key = jax.random.key(0)
         for t in (0.0, 0.8):
-            for impl in impls:
-                fn = jax.jit(functools.partial(api.target_choice, temperature=t, implementation=impl))
+            want_tokens = None
+            for impl in impls + list(variants):
+                fn = jax.jit(functools.partial(variants[impl], temperature=t) if impl in variants else
+                             functools.partial(api.target_choice, temperature=t, implementation=impl))
+                if impl in variants:    # a tuning variant must choose what the default kernel chooses
+                    want_tokens = want_tokens if want_tokens is not None else api.target_choice(
+                        key, x, t, implementation="pallas_triton")
+                    if not bool(jnp.all(fn(key, x) == want_tokens)):
+                        raise SystemExit(f"{impl}: chose other tokens than pallas_triton at R={r}, T={t}")
                 # Device time: one call's host launch (~tens of us) is as long as the kernel itself here.
                 tk = time_kernel(lambda: fn(key, x), a.iters)
                 s = tk["device_s"] if tk["device_s"] > 0 else tk["wall_s"]
