@@ -52,15 +52,20 @@ def combine(val, idx):
     return jnp.where(best == pallas_triton.NONE, 0, best)
 
 
-def choice_partial(key, logits, temperature: float, row0=0, col0=0, *, implementation: str | None = None):
+def choice_partial(key, logits, temperature: float, row0=0, col0=0, *, implementation: str | None = None,
+                   **tuning):
     """For one slice [R, V] of a larger logits matrix, starting at global row row0 and column col0 (a
     shard of a tensor-parallel vocabulary): ([R] best value, [R] its global column), with the hash
     Gumbel-max noise of the global positions, so that the slices' bests (first on ties, in column order:
-    pallas_triton.combine) give the choice over the whole rows. Implementations "xla" and the kernel's."""
+    pallas_triton.combine) give the choice over the whole rows. Implementations "xla" and the kernel's;
+    `tuning` (block_v, splits, num_warps) goes to the kernel."""
     name = resolve(implementation)
     if name == "reference":
         raise ValueError("choice_partial: 'reference' (jax.random) has no per-slice form; use 'xla' or a kernel")
     seed = jnp.zeros((2,), jnp.uint32) if key is None or temperature == 0.0 else reference.seed_words(key)
     if name == "xla":
+        if tuning:
+            raise ValueError(f"choice_partial: {sorted(tuning)} tune the kernel; implementation 'xla' has none")
         return reference.gumbel_partial(seed, logits, temperature, row0, col0)
-    return pallas_triton.gumbel_partial(seed, logits, temperature, row0, col0, interpret=name == "pallas_interpret")
+    return pallas_triton.gumbel_partial(seed, logits, temperature, row0, col0, interpret=name == "pallas_interpret",
+                                        **tuning)

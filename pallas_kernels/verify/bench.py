@@ -18,15 +18,15 @@ import jax.numpy as jnp
 
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
-from pallas_kernels.verify import api, pallas_triton, reference
+from pallas_kernels.verify import api
 
 VOCAB = 248320
 
 
 def variant(key, logits, temperature, *, splits, interpret=False):
     """The kernel with `splits` programs per row (api.target_choice's pallas_triton path, splits forced)."""
-    seed = jnp.zeros((2,), jnp.uint32) if temperature == 0.0 else reference.seed_words(key)
-    val, idx = pallas_triton.gumbel_partial(seed, logits, temperature, splits=splits, interpret=interpret)
+    val, idx = api.choice_partial(key, logits, temperature, splits=splits,
+                                  implementation="pallas_interpret" if interpret else "pallas_triton")
     return api.combine(val[:, None], idx[:, None])
 
 
