@@ -657,6 +657,9 @@ def read_text(f: Path) -> str:
         return ""
 
 
+MIN_VOCAB = 258  # a byte-level BPE's 256 initial tokens, <|endoftext|> and <|mask|>
+
+
 def train_tokenizer(texts, vocab_size: int):
     """Byte-level BPE (the `tokenizers` library) with <|endoftext|> (id 0) and <|mask|> (id 1)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -1001,6 +1004,11 @@ def run_pair(args) -> int:
                         ("--drafter-layers", args.drafter_layers)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value}: must be >= 1")
+    if args.vocab is not None:
+        if args.vocab < MIN_VOCAB:
+            raise ConfigError(f"--vocab {args.vocab}: must be >= {MIN_VOCAB} (the 256 byte tokens and "
+                              f"{MIN_VOCAB - 256} special ones)")
+        s = dataclasses.replace(s, vocab=args.vocab)
     s = dataclasses.replace(s, gen_n=args.gen_sequences or s.gen_n, gen_batch=args.gen_batch or s.gen_batch,
                             draft_layers=args.drafter_layers or s.draft_layers)
     out = Path(args.out).absolute()
@@ -1346,6 +1354,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the target's hidden size (default: 256; heads, GDN heads and FFN scale with it, the drafter "
                         "follows); a wider target writes more confident continuations for the drafter to learn")
     a.add_argument("--target-layers", type=int, default=None, help="the target's layers (default: 8; >= 4)")
+    a.add_argument("--vocab", type=int, default=None,
+                   help="the byte-level BPE's vocabulary (default: 4096, --tiny 320; >= 258); a smaller one cuts code "
+                        "into more, shorter tokens, more of which follow from the ones before")
     a.add_argument("--drafter-prompts", choices=("unseen", "train"), default="unseen",
                    help="where the drafter's greedy prompts come from: files set apart from both the target's "
                         "training split and the evaluation (unseen, the default: the target free-running on text "

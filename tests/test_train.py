@@ -552,8 +552,11 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     out = tmp_path / "out"
     t0 = time.time()
     assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval",
-                       "--target-max-epochs", "0.5", "--gen-sequences", "8", "--drafter-layers", "2"]) == 0
+                       "--target-max-epochs", "0.5", "--gen-sequences", "8", "--drafter-layers", "2",
+                       "--vocab", "300"]) == 0
     res = json.loads((out / "results.json").read_text())
+    assert res["corpus"]["vocab"] == 300 and res["target"]["config"]["vocab_size"] == 300    # --vocab (tiny: 320)
+    assert res["drafter"]["config"]["vocab_size"] == 300
     assert 0 < res["drafter_data"]["greedy"]["sequences"] <= 8                  # --gen-sequences (tiny: 16)
     assert len(res["drafter"]["config"]["layer_types"]) == 2                   # --drafter-layers (tiny: 1)
     assert "methods" not in res["eval"] and "--no-eval" in res["eval"]["skipped"]
@@ -587,7 +590,8 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
                                            (["--target-max-epochs", "-1"], "--target-max-epochs -1"),
                                            (["--gen-sequences", "0"], "--gen-sequences 0"),
                                            (["--gen-batch", "-4"], "--gen-batch -4"),
-                                           (["--drafter-layers", "0"], "--drafter-layers 0")])
+                                           (["--drafter-layers", "0"], "--drafter-layers 0"),
+                                           (["--vocab", "100"], "--vocab 100")])
 def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err
