@@ -11,9 +11,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 P=/tmp/dp/work/pair; W=/tmp/dm; mkdir -p $W/keep
 [ -d $P/target ] || { echo "no $P/target: the machine is not the one d_pair.sh ran on"; exit 1; }
-# d_pair.sh leaves ~36 GB of feature caches in /tmp/dp/work (the disk has 64 GiB; 33 GB were free after it).
-# Session 16 ran this script without freeing them: ~130 s in, the machine stopped answering and its work was lost.
-rm -rf /tmp/dp/work/features /tmp/dp/work/greedy_features /tmp/dp/work/greedy.npy /tmp/dp/work/ckpt_*
+# This call writes a ~39 GB feature cache; the disk has 64 GiB. Session 16 ran it while d_pair.sh's ~36 GB of
+# caches were still there: ~130 s in, the machine stopped answering and its work was lost. d_pair.sh now deletes
+# them as it ends; df.txt records what was free.
 df -h /tmp > $W/df.txt
 finish() {
   cp $W/run/drafter_loss.png $W/train.log $W/df.txt $W/keep/ 2>/dev/null; (cd $W/keep && tar czf $OUT/more-run.tgz .)
