@@ -67,8 +67,16 @@ def combine(val, idx):
     return pick(val), pick(idx)
 
 
+TILES_PER_PROGRAM = 4
+
+
 def default_splits(rows, vocab, block_v):
-    return int(max(1, min(2 * NUM_SMS // rows, 64, vocab // block_v)))
+    """Programs per row: enough to fill the SMs twice over, and enough that no program walks more than
+    TILES_PER_PROGRAM tiles in a row. On the H200 at V = 248320 (bench/results/2026-12-01-h200-s17-verify),
+    32 splits of ~4 tiles read 64 rows in 22.7 us against 35.6 for 4 splits of ~30 tiles."""
+    by_sms = -(-2 * NUM_SMS // rows)
+    by_tiles = -(-vocab // (TILES_PER_PROGRAM * block_v))
+    return int(max(1, min(max(by_sms, by_tiles), 64, vocab // block_v)))
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "interpret", "block_v", "splits", "num_warps"))
