@@ -170,6 +170,21 @@ def test_triton_lowering(temperature, dtype):
     assert hlo.count("__gpu$xla.gpu.triton") == 1
 
 
+@pytest.mark.parametrize("rows", [1, 2, 16, 63, 64, 65, 300, 1025])
+@pytest.mark.parametrize("vocab,block_v", [(REAL_VOCAB, 2048), (151936, 2048), (4099, 512), (1000, 256), (77, 64)])
+def test_default_splits_fill_the_sms_and_keep_each_program_short(rows, vocab, block_v):
+    """Session 17's sweep (bench/results/2026-12-01-h200-s17-verify): short programs (~4 tiles) win at every row
+    count, so the default gives each row enough splits for both, within the cap and one tile a split at least."""
+    s = pallas_triton.default_splits(rows, vocab, block_v)
+    cap = min(64, vocab // block_v)
+    assert 1 <= s <= max(1, cap)
+    tiles_each = -(-vocab // (s * block_v))
+    assert tiles_each <= pallas_triton.TILES_PER_PROGRAM or s == cap
+    assert s * rows >= 2 * pallas_triton.NUM_SMS or s == cap
+    if (rows, vocab) == (64, REAL_VOCAB):
+        assert s == 31          # 4 splits before the sweep
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 @on_gpu
@@ -218,17 +233,3 @@ def test_gpu_opt_in_dispatch(seed, monkeypatch):
     assert fn.lower(jax.random.key(0), x).as_text().count("__gpu$xla.gpu.triton") == 1
     np.testing.assert_array_equal(fn(jax.random.key(0), x), jnp.argmax(x, -1))
 
-
-@pytest.mark.parametrize("rows", [1, 2, 16, 63, 64, 65, 300, 1025])
-@pytest.mark.parametrize("vocab,block_v", [(REAL_VOCAB, 2048), (151936, 2048), (4099, 512), (1000, 256), (77, 64)])
-def test_default_splits_fill_the_sms_and_keep_each_program_short(rows, vocab, block_v):
-    """Session 17's sweep (bench/results/2026-12-01-h200-s17-verify): short programs (~4 tiles) win at every row
-    count, so the default gives each row enough splits for both, within the cap and one tile a split at least."""
-    s = pallas_triton.default_splits(rows, vocab, block_v)
-    cap = min(64, vocab // block_v)
-    assert 1 <= s <= max(1, cap)
-    tiles_each = -(-vocab // (s * block_v))
-    assert tiles_each <= pallas_triton.TILES_PER_PROGRAM or s == cap
-    assert s * rows >= 2 * pallas_triton.NUM_SMS or s == cap
-    if (rows, vocab) == (64, REAL_VOCAB):
-        assert s == 31          # 4 splits before the sweep
