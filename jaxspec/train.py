@@ -922,9 +922,11 @@ def greedy_diagnostics(target: Qwen35, drafter: Drafter, prompts: np.ndarray,
 
 
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
-             deadline: float | None = None) -> dict:
+             deadline: float | None = None, detokenize=None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
-    tau, token identity to AR and decode time (each method timed on a second pass, after compilation)."""
+    tau, token identity to AR and decode time (each method timed on a second pass, after compilation).
+    With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
+    characters, comparable across tokenizers."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import Engine
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
@@ -951,6 +953,11 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
         entry = {"tau": tau, "rounds": rounds, "tokens": int(sum(len(t) for t in toks)), "decode_s": decode,
                  "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s,
                  "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist)}
+        if detokenize is not None:
+            entry["chars"] = sum(len(detokenize([int(x) for x in t])) for t in toks)
+            # tau in characters: the continuation's characters a token (the prefill's first token has no
+            # round), times tokens a round
+            entry["chars_per_round"] = tau * entry["chars"] / max(entry["tokens"], 1)
         if name == "ar":
             ar_tokens = toks
             entry.update(greedy_diagnostics(target, drafter, prompts, toks))
@@ -960,7 +967,9 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             entry["identical_prompts"] = int(sum(same))
             entry["speedup_vs_ar"] = out["ar"]["decode_s"] / max(decode, 1e-9)
         out[key] = entry
-        log(f"eval {key}: tau {tau:.2f}, {entry['tok_per_s']:.1f} tok/s"
+        log(f"eval {key}: tau {tau:.2f}"
+            + (f" ({entry['chars_per_round']:.2f} chars/round)" if detokenize is not None else "")
+            + f", {entry['tok_per_s']:.1f} tok/s"
             + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}" if name != "ar" else ""))
     return out
 
@@ -1174,6 +1183,7 @@ def evaluate_pair(results, s, args, held_docs, tdir, ddir, deadline):
     """The pair's held-out evaluation (results["eval"]), on its exported files, until `deadline`."""
     from convert.drafter import load_drafter
     from convert.hf import load_target
+    from jaxspec.tokenizer import load_tokenizer
 
     eval_prompts = prompts_from(held_docs, s.eval_prompts, s.prompt_len, args.seed + 4)
     target = load_target(tdir, dtype=args.eval_dtype)
@@ -1183,7 +1193,7 @@ def evaluate_pair(results, s, args, held_docs, tdir, ddir, deadline):
                        "matmul_precision": "highest"}
     with jax.default_matmul_precision("highest"):
         results["eval"]["methods"] = evaluate(target, drafter, eval_prompts, s.eval_new, s.block, tuple(s.budgets),
-                                              deadline=deadline)
+                                              deadline=deadline, detokenize=load_tokenizer(tdir).decode)
 
 
 def rebuild(cls, cfg, params):
@@ -1310,13 +1320,14 @@ def run_eval(args) -> int:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
     target = load_model(args.target, dtype=args.dtype)
     drafter = load_draft(args.draft, dtype=args.dtype)
+    tok = load_tokenizer(args.target)
     try:
-        prompts = prompts_from(text_docs(load_tokenizer(args.target), args.text), args.prompts, args.prompt_len,
-                               args.seed)
+        prompts = prompts_from(text_docs(tok, args.text), args.prompts, args.prompt_len, args.seed)
     except ValueError as e:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
-        methods = evaluate(target, drafter, prompts, args.max_new, drafter.cfg.block_size, tuple(args.budgets))
+        methods = evaluate(target, drafter, prompts, args.max_new, drafter.cfg.block_size, tuple(args.budgets),
+                           detokenize=tok.decode)
     result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
                       "no stop; tau = tokens committed per verify round",
               "commit": git_commit(), "machine": machine(), "jax": jax.__version__,

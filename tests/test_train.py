@@ -346,6 +346,10 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
         assert h.sum() == e["rounds"] and np.isclose((h * np.arange(len(h))).sum() / h.sum(), e["tau"])
         assert e["accept_by_depth"] == train.accept_by_depth(h)
     assert m["ar"]["accept_by_depth"] == []
+    # tau in characters: the same continuations for every method, so the same characters, over fewer rounds
+    assert m["ar"]["chars"] > 0
+    for k, e in m.items():
+        assert e["chars"] == m["ar"]["chars"] and np.isclose(e["chars_per_round"], e["tau"] * e["chars"] / e["tokens"])
     conf, agree = m["ar"]["target_confidence"], m["ar"]["depth1_agreement"]
     assert conf["positions"] == 2 * 6 and 1 / 320 <= conf["median_p_max"] <= 1 and 0 <= conf["share_above_0.9"] <= 1
     assert agree["anchors"] == 2 * 5 and np.isclose(sum(x["share"] for x in agree["by_target_p_max"]), 1.0)
@@ -530,6 +534,7 @@ def test_pair_tiny_end_to_end(tmp_path):
     res = json.loads((out / "results.json").read_text())
     m = res["eval"]["methods"]
     assert m["ar"]["tau"] == 1.0 and m["dflash"]["identical_to_ar"] and m["dflash"]["tau"] >= 1.0
+    assert m["dflash"]["chars"] == m["ar"]["chars"] > 0 and m["dflash"]["chars_per_round"] >= m["ar"]["chars_per_round"]
     assert any(k.startswith("ddtree") for k in m)
     files = [p for p in out.iterdir() if p.is_file()]
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
@@ -631,3 +636,14 @@ def test_split_files_sets_apart_unseen_prompt_files():
     tr, held, unseen = train.split_files(files, unseen=True)
     assert held == held_2 == files[::20] and unseen == files[10::20]
     assert sorted(tr + held + unseen) == files and not (set(tr) & set(unseen)) and set(tr) < set(train_2)
+
+
+def test_evaluate_counts_characters_per_round():
+    """`evaluate(..., detokenize=...)`: the characters of each method's continuations and per verify round, so
+    that pairs with different tokenizers compare. One character a token here, so characters a round are tau."""
+    prompts = np.random.default_rng(3).integers(2, 300, (2, 8)).astype(np.int32)
+    one_char = lambda ids: "".join("x" for _ in ids)
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 6, 4, (), detokenize=one_char)
+    assert set(m) == {"ar", "dflash"}
+    for k, e in m.items():
+        assert e["chars"] == e["tokens"] == 12 and np.isclose(e["chars_per_round"], e["tau"]), k
