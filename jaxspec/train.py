@@ -1366,8 +1366,9 @@ def parser() -> argparse.ArgumentParser:
                         "follows); a wider target writes more confident continuations for the drafter to learn")
     a.add_argument("--target-layers", type=int, default=None, help="the target's layers (default: 8; >= 4)")
     a.add_argument("--vocab", type=int, default=None,
-                   help="the byte-level BPE's vocabulary (default: 4096, --tiny 320; >= 258); a smaller one cuts code "
-                        "into more, shorter tokens, more of which follow from the ones before")
+                   help="the byte-level BPE's vocabulary (default: 4096, --tiny 320; >= 258). A smaller one raises tau "
+                        "in tokens but not in characters (1024 tokens: 6.16 characters a DFlash round against 6.32, "
+                        "bench/results/2026-12-01-h200-s17-pair-v1024); compare pairs by eval's chars_per_round")
     a.add_argument("--drafter-prompts", choices=("unseen", "train"), default="unseen",
                    help="where the drafter's greedy prompts come from: files set apart from both the target's "
                         "training split and the evaluation (unseen, the default: the target free-running on text "
