@@ -638,6 +638,42 @@ def test_split_files_sets_apart_unseen_prompt_files():
     assert sorted(tr + held + unseen) == files and not (set(tr) & set(unseen)) and set(tr) < set(train_2)
 
 
+def test_package_files_are_an_even_sample_of_the_installed_sources(tmp_path):
+    """drafter --package-text N: N .py files of the packages' trees, only those of min..max bytes, evenly spaced
+    over their sorted list (the same files on any machine with the same packages); too few is an error."""
+    roots = [tmp_path / "site-packages", tmp_path / "dist-packages"]
+    rng = np.random.default_rng(5)
+    sizes = {}
+    for i in range(40):
+        f = roots[i % 2] / f"pkg{i % 3}" / f"m{i:02d}.py"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        sizes[f] = int(rng.integers(10, 300))
+        f.write_text("x" * sizes[f])
+    (roots[0] / "notes.txt").write_text("y" * 100)                     # not a .py file
+    fits = sorted(f for f, n in sizes.items() if 50 <= n <= 250)
+    assert 10 < len(fits) < 40
+    got = train.package_files(10, roots=roots, min_bytes=50, max_bytes=250)
+    assert got == [fits[i * len(fits) // 10] for i in range(10)] and got == sorted(got) and len(set(got)) == 10
+    assert train.package_files(10, roots=roots[::-1], min_bytes=50, max_bytes=250) == got
+    assert train.package_files(len(fits), roots=roots, min_bytes=50, max_bytes=250) == fits
+    with pytest.raises(ValueError, match=f"{len(fits)} .py files of 50..250 bytes"):
+        train.package_files(len(fits) + 1, roots=roots, min_bytes=50, max_bytes=250)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        train.package_files(0, roots=roots)
+
+
+def test_drafter_refuses_bad_package_text(tmp_path, capsys):
+    """--package-text below 0, or more files than the installed packages hold: exit 2 naming the flag, before
+    any model is read (the target here does not exist)."""
+    base = ["drafter", "--target", str(tmp_path / "nope"), "--text", str(tmp_path), "--out", str(tmp_path / "o"),
+            "--mask-token-id", "1"]
+    assert train.main(base + ["--package-text", "-1"]) == 2
+    assert "--package-text must be >= 0" in capsys.readouterr().err
+    assert train.main(base + ["--package-text", str(10 ** 9)]) == 2
+    assert "--package-text 1000000000" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_evaluate_counts_characters_per_round():
     """`evaluate(..., detokenize=...)`: the characters of each method's continuations and per verify round, so
     that pairs with different tokenizers compare. One character a token here, so characters a round are tau."""

@@ -9,10 +9,21 @@
 # AGAIN=1: a further call on the same warm machine, the drafter the last d_more.sh call left trained on (no growth)
 # for ~8 more minutes on another 65536 continuations. Session 17 (bench/results/2026-12-01-h200-s17-pair-v1024): one
 # d_more.sh call took the first-token agreement 0.56 -> 0.62 and tau(DFlash) 1.90 -> 2.20.
-# JAXSPEC_COMMIT=<hash> [AGAIN=1 [SEED=17]] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
+# Session 18 (bench/results/2026-12-01-h200-s18-pair-4096-grown), 4096-token target: d_more.sh then AGAIN=1 left
+# tau(DFlash) at 1.79 and 1.79 while the training loss fell 2.17 -> 1.92. The prompts all came from the 29
+# set-apart stdlib files of this image (0.14 M tokens, for 180 K prompts): the drafter learns those files'
+# continuations, not the target. PACKAGES=N (default 3000) adds N .py files of the image's installed packages
+# (`jaxspec.train drafter --package-text`; ~17 M tokens) to the prompts' text; PACKAGES=0 is session 18's recipe.
+# Prediction with PACKAGES=3000 on a fresh d_pair.sh pair: tau(DFlash) 2.0-2.4 after d_more.sh and 2.2-2.6 after
+# AGAIN=1 on the shipped prompts (against 1.79 / 1.79), depth-1 agreement 0.52 -> 0.58-0.65.
+# PAIR=<dir>: a pair made earlier (target/ and drafter/, e.g. carried as the ignored /.pair/), instead of d_pair.sh's
+# on this machine: its drafter goes on as it is (no growth), so that no d_pair.sh call is needed. Session 18's
+# call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair.
+# JAXSPEC_COMMIT=<hash> [AGAIN=1 [SEED=17]] [PACKAGES=N] [PAIR=dir] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 P=/tmp/dp/work/pair; [ -d $P ] || P=/dev/shm/dp/work/pair     # where d_pair.sh worked
+[ -n "$PAIR" ] && P=$(realpath "$PAIR")
 W=/tmp/dm; mkdir -p $W/keep
 [ -d $P/target ] || { echo "no $P/target: the machine is not the one d_pair.sh ran on"; exit 1; }
 # This call writes a ~39 GB feature cache; the disk has 64 GiB. Session 16 ran it while d_pair.sh's ~36 GB of
@@ -22,6 +33,9 @@ if [ "$AGAIN" = 1 ]; then
   [ -d $W/run/drafter ] || { echo "no $W/run/drafter: no d_more.sh call ran on this machine"; exit 1; }
   rm -rf $W/prev && mv $W/run/drafter $W/prev && rm -rf $W/run $W/pack
   FROM="--init $W/prev"; SEED=${SEED:-16}      # another SEED for each further call: other continuations
+elif [ -n "$PAIR" ]; then
+  [ -d $P/drafter ] || { echo "no $P/drafter"; exit 1; }
+  FROM="--init $P/drafter"; SEED=${SEED:-15}
 else
   FROM="--init $P/drafter --grow-layers 2"; SEED=15
 fi
@@ -40,6 +54,7 @@ python -c "
 from jaxspec import train
 print('\n'.join(map(str, train.split_files(train.stdlib_files(), unseen=True)[2])))" > $W/unseen.txt
 timeout 540 python -m jaxspec.train drafter --target $P/target --text $(cat $W/unseen.txt) --mask-token-id 1 \
+  --package-text ${PACKAGES:-3000} \
   $FROM --data greedy --sequences 65536 --gen-batch 4096 --batch 64 --anchors 16 \
   --steps 80000 --lr 6e-4 --gamma 4 --ckpt-every 10000 --dtype bfloat16 --seed $SEED --time-budget-s 500 \
   --out $W/run $EXTRA > $W/train.log 2>&1

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Next GPU session, #8, the call right after `bench/next/d_pair.sh` WITHOUT KEEP (so that the machine stays warm
+# and /tmp/dp/work/pair is still there): the pair's 2-layer drafter grown to 4 layers (identity-initialised, as
+# the shipped drafter was) and trained for ~7 more minutes on 65536 fresh greedy continuations of the set-apart
+# stdlib files. Session 14's pair at this point: tau DFlash 1.85 on the shipped prompts, the drafter agreeing
+# with the target's first token 0.83 of the time where the target is >= 99% sure (the shipped drafter: 0.89,
+# with ~5x the steps). Prediction: first-draft agreement up, tau(DFlash) ~2.1-2.3 on the shipped prompts.
+# The pair comes back (pair.tar.*) for the CPU evaluation; the machine is released while it transfers.
+# AGAIN=1: a further call on the same warm machine, the drafter the last d_more.sh call left trained on (no growth)
+# for ~8 more minutes on another 65536 continuations. Session 17 (bench/results/2026-12-01-h200-s17-pair-v1024): one
+# d_more.sh call took the first-token agreement 0.56 -> 0.62 and tau(DFlash) 1.90 -> 2.20.
+# JAXSPEC_COMMIT=<hash> [AGAIN=1 [SEED=17]] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
+P=/tmp/dp/work/pair; [ -d $P ] || P=/dev/shm/dp/work/pair     # where d_pair.sh worked
+W=/tmp/dm; mkdir -p $W/keep
+[ -d $P/target ] || { echo "no $P/target: the machine is not the one d_pair.sh ran on"; exit 1; }
+# This call writes a ~39 GB feature cache; the disk has 64 GiB. Session 16 ran it while d_pair.sh's ~36 GB of
+# caches were still there: ~130 s in, the machine stopped answering and its work was lost. d_pair.sh now deletes
+# them as it ends; df.txt records what was free.
+if [ "$AGAIN" = 1 ]; then
+  [ -d $W/run/drafter ] || { echo "no $W/run/drafter: no d_more.sh call ran on this machine"; exit 1; }
+  rm -rf $W/prev && mv $W/run/drafter $W/prev && rm -rf $W/run $W/pack
+  FROM="--init $W/prev"; SEED=${SEED:-16}      # another SEED for each further call: other continuations
+else
+  FROM="--init $P/drafter --grow-layers 2"; SEED=15
+fi
+df -h /tmp > $W/df.txt
+finish() {
+  cp $W/run/drafter_loss.png $W/train.log $W/df.txt $W/keep/ 2>/dev/null; (cd $W/keep && tar czf $OUT/more-run.tgz .)
+  if [ -d $W/run/drafter ]; then
+    mkdir -p $W/pack/demo && cp -r $P/target $W/pack/demo/ && cp -r $W/run/drafter $W/pack/demo/
+    (cd $W/pack && tar cf - demo | split -b 15m -d - $OUT/pair.tar.)
+  fi
+  rm -rf $W/run/greedy_features        # ~39 GB; the disk carries over to an AGAIN=1 call
+  grep -h "loss\|done\|data:\|rc=" $W/train.log | grep -v "step [0-9]*/" | tail -12
+}
+trap finish EXIT
+python -c "
+from jaxspec import train
+print('\n'.join(map(str, train.split_files(train.stdlib_files(), unseen=True)[2])))" > $W/unseen.txt
+timeout 540 python -m jaxspec.train drafter --target $P/target --text $(cat $W/unseen.txt) --mask-token-id 1 \
+  $FROM --data greedy --sequences 65536 --gen-batch 4096 --batch 64 --anchors 16 \
+  --steps 80000 --lr 6e-4 --gamma 4 --ckpt-every 10000 --dtype bfloat16 --seed $SEED --time-budget-s 500 \
+  --out $W/run $EXTRA > $W/train.log 2>&1
+echo "drafter rc=$?" >> $W/train.log
