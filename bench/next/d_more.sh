@@ -11,9 +11,11 @@
 # d_more.sh call took the first-token agreement 0.56 -> 0.62 and tau(DFlash) 1.90 -> 2.20.
 # Session 18 (bench/results/2026-12-01-h200-s18-pair-4096-grown), 4096-token target: d_more.sh then AGAIN=1 left
 # tau(DFlash) at 1.79 and 1.79 while the training loss fell 2.17 -> 1.92. The prompts all came from the 29
-# set-apart stdlib files of this image (0.14 M tokens, for 180 K prompts): the drafter learns those files'
-# continuations, not the target. PACKAGES=N (default 3000) adds N .py files of the image's installed packages
-# (`jaxspec.train drafter --package-text`; ~17 M tokens) to the prompts' text; PACKAGES=0 is session 18's recipe.
+# set-apart stdlib files of this image (0.14 M tokens, for 180 K prompts); probably the drafter learns those files'
+# continuations rather than the target (not yet tested). PACKAGES=N (default 3000) adds N .py files of the image's
+# installed packages (`jaxspec.train drafter --package-text`; on the CPU host, 3000 of them and the stdlib's 462
+# test files were 21 M tokens: bench/results/2026-12-01-cpu-s18-demo-drafter-packages/train.log) to the prompts'
+# text; PACKAGES=0 is session 18's recipe.
 # Prediction with PACKAGES=3000 on a fresh d_pair.sh pair: tau(DFlash) 2.0-2.4 after d_more.sh and 2.2-2.6 after
 # AGAIN=1 on the shipped prompts (against 1.79 / 1.79), depth-1 agreement 0.52 -> 0.58-0.65.
 # PAIR=<dir>: a pair made earlier (target/ and drafter/, e.g. carried as the ignored /.pair/), instead of d_pair.sh's
