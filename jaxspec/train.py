@@ -42,8 +42,10 @@ import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -631,28 +633,39 @@ def trainable_drafter_params(drafter: Drafter):
 
 def stdlib_files() -> list[Path]:
     """The standard library's .py files (PSF license), sorted, without site-packages."""
-    import sysconfig
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(Path(f) for f in glob.glob(str(root / "**" / "*.py"), recursive=True)
                    if "site-packages" not in f and "dist-packages" not in f)
     return [f for f in files if f.is_file()]
 
 
-def package_files(n: int, roots=None, min_bytes: int = 1_000, max_bytes: int = 100_000) -> list[Path]:
+PACKAGE_PARTS = ("target", "prompts")
+
+
+def package_files(n: int, roots=None, min_bytes: int = 1_000, max_bytes: int = 100_000,
+                  part: str | None = None) -> list[Path]:
     """n .py files of the installed Python packages (site-packages / dist-packages under `roots`, default this
     interpreter's), each min_bytes..max_bytes, evenly spaced over their sorted list: the same n files wherever
     the same packages are installed. Prompts from code the target never saw, beyond the few set-apart stdlib
-    files (on the H200's image, 29 files, 0.14 M tokens, for 180 K prompts: bench/results/2026-12-01-h200-s18-*)."""
+    files (on the H200's image, 29 files, 0.14 M tokens, for 180 K prompts: bench/results/2026-12-01-h200-s18-*).
+    `part` ("target" or "prompts") draws from one of two fixed halves, split by a hash of each file's path under
+    its root: a target trained on the one half never sees the other's prompts, whatever n each asks for."""
     import site
-    import sysconfig
     if n < 1:
         raise ValueError(f"package_files: n must be >= 1, got {n}")
+    if part is not None and part not in PACKAGE_PARTS:
+        raise ValueError(f"package_files: part must be one of {PACKAGE_PARTS} or None, got {part!r}")
     roots = roots or sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")} | set(site.getsitepackages()))
-    files = sorted({Path(f) for r in roots for f in glob.glob(str(Path(r) / "**" / "*.py"), recursive=True)})
-    files = [f for f in files if f.is_file() and min_bytes <= f.stat().st_size <= max_bytes]
+    found = {}
+    for r in map(Path, roots):
+        for f in glob.glob(str(r / "**" / "*.py"), recursive=True):
+            found.setdefault(Path(f), Path(f).relative_to(r).as_posix())
+    files = sorted(f for f in found if f.is_file() and min_bytes <= f.stat().st_size <= max_bytes)
+    if part is not None:
+        files = [f for f in files if zlib.crc32(found[f].encode()) % 2 == PACKAGE_PARTS.index(part)]
     if len(files) < n:
-        raise ValueError(f"package_files: {len(files)} .py files of {min_bytes}..{max_bytes} bytes under "
-                         f"{', '.join(map(str, roots))}; {n} wanted")
+        raise ValueError(f"package_files: {len(files)} .py files of {min_bytes}..{max_bytes} bytes"
+                         f"{f' in the {part!r} half' if part else ''} under {', '.join(map(str, roots))}; {n} wanted")
     return [files[i * len(files) // n] for i in range(n)]
 
 
@@ -666,6 +679,15 @@ def split_files(files: list[Path], held_out_every: int = 20, unseen: bool = Fals
     mid = held_out_every // 2
     train = [f for i, f in enumerate(files) if i % held_out_every not in (0, mid)]
     return train, held, [f for i, f in enumerate(files) if i % held_out_every == mid]
+
+
+def pair_files(files: list[Path], unseen: bool, target_extra=(), prompt_extra=()):
+    """`pair`'s files: (the target's training files, the evaluation's held-out files, the drafter's prompt files).
+    The stdlib `files` split as `split_files`, the target's split plus `target_extra`; the drafter's prompt files
+    are the unseen split plus `prompt_extra` (with `unseen`; else [], the prompts then come from the target's own
+    text). The evaluation's held-out files are the same with or without the extras."""
+    train, held, *rest = split_files(files, unseen=unseen)
+    return list(train) + list(target_extra), held, (list(rest[0]) + list(prompt_extra)) if unseen else []
 
 
 def read_text(f: Path) -> str:
@@ -1038,6 +1060,15 @@ def run_pair(args) -> int:
         s = dataclasses.replace(s, vocab=args.vocab)
     s = dataclasses.replace(s, gen_n=args.gen_sequences or s.gen_n, gen_batch=args.gen_batch or s.gen_batch,
                             draft_layers=args.drafter_layers or s.draft_layers)
+    if args.package_text < 0:
+        raise ConfigError(f"--package-text {args.package_text}: must be >= 0")
+    unseen = args.drafter_prompts == "unseen"
+    try:
+        packages = {part: package_files(args.package_text, part=part) if args.package_text else []
+                    for part in (PACKAGE_PARTS if unseen else PACKAGE_PARTS[:1])}
+    except ValueError as e:
+        raise ConfigError(f"--package-text {args.package_text}: {e}") from None
+    packages.setdefault("prompts", [])
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or out / "work").absolute()
@@ -1054,8 +1085,7 @@ def run_pair(args) -> int:
     files = stdlib_files()
     if args.tiny:
         files = files[:120]
-    unseen = args.drafter_prompts == "unseen"
-    train_files, held_files, *rest = split_files(files, unseen=unseen)
+    train_files, held_files, prompt_files = pair_files(files, unseen, packages["target"], packages["prompts"])
     texts, n_chars = [], 0
     for f in train_files:
         t = read_text(f)
@@ -1075,15 +1105,23 @@ def run_pair(args) -> int:
     stream = np.concatenate([np.concatenate([d, [eos_id]]) for d in docs]).astype(np.int32)
     held_docs = encode_files(tok, held_files)
     # the drafter's greedy prompts: from the target's own training text, or from files it never saw
-    prompt_docs = encode_files(tok, rest[0]) if unseen else docs
-    results["corpus"] = {"source": "Python standard library .py files (PSF license) at " + str(
-        Path(files[0]).parent if files else ""), "python": platform.python_version(), "train_files": len(train_files),
+    prompt_docs = encode_files(tok, prompt_files) if unseen else docs
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rel = lambda fs: [str(f.relative_to(root)) for f in fs if f.is_relative_to(root)]
+    results["corpus"] = {"source": "Python standard library .py files (PSF license) at " + str(root)
+        + (f", and .py files of the installed packages" if args.package_text else ""),
+        "python": platform.python_version(), "train_files": len(train_files),
         "held_out_files": len(held_files), "train_chars": n_chars, "train_tokens": int(len(stream)),
         "vocab": vocab, "held_out_tokens": int(sum(len(d) for d in held_docs)),
-        "drafter_prompts": args.drafter_prompts, "drafter_prompt_files": len(rest[0]) if unseen else len(train_files),
-        "drafter_prompt_tokens": int(sum(len(d) for d in prompt_docs))}
-    log(f"corpus: {len(train_files)} files, {n_chars / 1e6:.1f}M chars -> {len(stream) / 1e6:.2f}M tokens "
-        f"(vocab {vocab}); held out {len(held_files)} files")
+        "drafter_prompts": args.drafter_prompts,
+        "drafter_prompt_files": len(prompt_files) if unseen else len(train_files),
+        "drafter_prompt_tokens": int(sum(len(d) for d in prompt_docs)),
+        "package_files": {"target": len(packages["target"]), "drafter_prompts": len(packages["prompts"])},
+        # the stdlib files by name, so that a later evaluation elsewhere can check that its prompts are unseen
+        "stdlib_files": {"train": rel(train_files), "held_out": rel(held_files), "drafter_prompts": rel(prompt_files)}}
+    log(f"corpus: {len(train_files)} files ({len(packages['target'])} from installed packages), {n_chars / 1e6:.1f}M "
+        f"chars -> {len(stream) / 1e6:.2f}M tokens (vocab {vocab}); held out {len(held_files)} files; the drafter's "
+        f"prompts: {results['corpus']['drafter_prompt_files']} files")
     tcfg = s.target.replace(vocab_size=vocab, eos_token_ids=(eos_id,))
 
     # 2. Target.
@@ -1254,7 +1292,7 @@ def run_drafter(args) -> int:
     if args.package_text < 0:
         raise ConfigError(f"--package-text must be >= 0, got {args.package_text}")
     try:
-        text = list(args.text) + (package_files(args.package_text) if args.package_text else [])
+        text = list(args.text) + (package_files(args.package_text, part="prompts") if args.package_text else [])
     except ValueError as e:
         raise ConfigError(f"--package-text {args.package_text}: {e}") from None
     t_start = time.time()
@@ -1408,6 +1446,11 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--gen-batch", type=int, default=None,
                    help="prompts continued at once while making them (default: 4096, --tiny 16)")
     a.add_argument("--drafter-layers", type=int, default=None, help="the drafter's layers (default: 2, --tiny 1)")
+    a.add_argument("--package-text", type=int, default=0, metavar="N",
+                   help="N .py files of this interpreter's installed packages for the target to train on, from "
+                        "their 'target' half, and (with the default --drafter-prompts unseen) N of the 'prompts' "
+                        "half, the one `drafter --package-text` reads, among the drafter's prompts; the held-out "
+                        "evaluation stays on the stdlib (default: 0, none)")
     a.add_argument("--no-eval", action="store_true",
                    help="skip the held-out evaluation (run `jaxspec.train eval` later); the drafter gets its time")
     a.set_defaults(func=run_pair)
@@ -1416,7 +1459,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--text", nargs="+", required=True, help="text files or dirs (.py/.txt/.md) to cut prompts from")
     d.add_argument("--package-text", type=int, default=0, metavar="N",
                    help="also N .py files of this interpreter's installed packages (1-100 KB each, evenly spaced "
-                        "over their sorted list) as text: more varied prompts than a few held-apart files "
+                        "over their sorted list) as text: more varied prompts than a few held-apart files. They come "
+                        "from the packages' 'prompts' half, which `pair --package-text` never trains its target on "
                         "(default: 0, none)")
     d.add_argument("--out", required=True, help="writes OUT/drafter (z-lab layout), OUT/ckpt, OUT/drafter_loss.png")
     d.add_argument("--block", type=int, default=16)

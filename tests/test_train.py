@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -558,7 +559,7 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     t0 = time.time()
     assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval",
                        "--target-max-epochs", "0.5", "--gen-sequences", "8", "--drafter-layers", "2",
-                       "--vocab", "300"]) == 0
+                       "--vocab", "300", "--package-text", "2"]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["corpus"]["vocab"] == 300 and res["target"]["config"]["vocab_size"] == 300    # --vocab (tiny: 320)
     assert res["drafter"]["config"]["vocab_size"] == 300
@@ -567,7 +568,11 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     assert "methods" not in res["eval"] and "--no-eval" in res["eval"]["skipped"]
     assert 0 < res["target"]["epochs"] <= 0.5 and res["target"]["max_epochs"] == 0.5
     c = res["corpus"]                     # the drafter's prompts: files neither trained on nor evaluated on
-    assert c["drafter_prompts"] == "unseen" and 0 < c["drafter_prompt_files"] < c["held_out_files"] + 1
+    assert c["drafter_prompts"] == "unseen" and c["package_files"] == {"target": 2, "drafter_prompts": 2}
+    names = c["stdlib_files"]                                                # --package-text 2: 2 + 2 files
+    assert c["drafter_prompt_files"] == len(names["drafter_prompts"]) + 2 and 0 < len(names["drafter_prompts"])
+    assert c["train_files"] == len(names["train"]) + 2 and c["held_out_files"] == len(names["held_out"])
+    assert not set(names["train"]) & (set(names["held_out"]) | set(names["drafter_prompts"]))
     assert res["drafter"]["steps"] > 0 and sorted(out.glob("pair.tar.*"))
     assert time.time() - t0 < 50 * 1.15 + 30            # the budget, plus the export and packing
 
@@ -596,7 +601,9 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
                                            (["--gen-sequences", "0"], "--gen-sequences 0"),
                                            (["--gen-batch", "-4"], "--gen-batch -4"),
                                            (["--drafter-layers", "0"], "--drafter-layers 0"),
-                                           (["--vocab", "100"], "--vocab 100")])
+                                           (["--vocab", "100"], "--vocab 100"),
+                                           (["--package-text", "-1"], "--package-text -1"),
+                                           (["--package-text", str(10 ** 9)], "--package-text 1000000000")])
 def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err
@@ -626,6 +633,20 @@ def test_training_differentiates_the_jnp_ops_where_kernels_would_run(monkeypatch
                        name="lm", log_every=1000)
     losses = tr.run()
     assert len(losses) == 3 and np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+def test_pair_files_add_package_files_to_the_target_and_the_drafters_prompts():
+    """pair --package-text N: the target's training files and the drafter's prompt files each get their extra
+    files; the evaluation's held-out files are the stdlib split's, with or without."""
+    files = [Path(f"lib/f{i:03d}.py") for i in range(95)]
+    t_pkgs, p_pkgs = [Path(f"site/t{i}.py") for i in range(5)], [Path(f"site/p{i}.py") for i in range(4)]
+    tr0, held0, unseen0 = train.split_files(files, unseen=True)
+    tr, held, prompts = train.pair_files(files, True, t_pkgs, p_pkgs)
+    assert held == held0 and tr == tr0 + t_pkgs and prompts == unseen0 + p_pkgs
+    assert not (set(tr) & set(prompts)) and not (set(held) & (set(tr) | set(prompts)))
+    assert train.pair_files(files, True) == (tr0, held0, unseen0)            # no packages: split_files's sets
+    tr, held, prompts = train.pair_files(files, False, t_pkgs)                # --drafter-prompts train
+    assert held == held0 and prompts == [] and tr == train.split_files(files)[0] + t_pkgs
 
 
 def test_split_files_sets_apart_unseen_prompt_files():
@@ -660,6 +681,25 @@ def test_package_files_are_an_even_sample_of_the_installed_sources(tmp_path):
         train.package_files(len(fits) + 1, roots=roots, min_bytes=50, max_bytes=250)
     with pytest.raises(ValueError, match="n must be >= 1"):
         train.package_files(0, roots=roots)
+    # part: two fixed halves, disjoint, together all the files; the same halves wherever the trees are
+    import shutil
+
+    def half(rts, part):          # the whole half: the largest n it serves
+        for n in range(len(fits), 0, -1):
+            try:
+                return train.package_files(n, roots=rts, min_bytes=50, max_bytes=250, part=part)
+            except ValueError as e:
+                assert f"in the {part!r} half" in str(e)
+        return []
+    t, p = half(roots, "target"), half(roots, "prompts")
+    assert t and p and not set(t) & set(p) and sorted(t + p) == fits
+    moved = [tmp_path / "elsewhere" / r.name for r in roots]
+    for r, m in zip(roots, moved):
+        shutil.copytree(r, m)
+    rel = lambda fs, rts: [str(f.relative_to(next(r for r in rts if f.is_relative_to(r)))) for f in fs]
+    assert rel(half(moved, "target"), moved) == rel(t, roots) and rel(half(moved, "prompts"), moved) == rel(p, roots)
+    with pytest.raises(ValueError, match="part must be one of"):
+        train.package_files(1, roots=roots, part="eval")
 
 
 def test_drafter_refuses_bad_package_text(tmp_path, capsys):

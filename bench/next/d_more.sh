@@ -15,7 +15,9 @@
 # continuations rather than the target (not yet tested). PACKAGES=N (default 3000) adds N .py files of the image's
 # installed packages (`jaxspec.train drafter --package-text`; on the CPU host, 3000 of them and the stdlib's 462
 # test files were 21 M tokens: bench/results/2026-12-01-cpu-s18-demo-drafter-packages/train.log) to the prompts'
-# text; PACKAGES=0 is session 18's recipe.
+# text; PACKAGES=0 is session 18's recipe. Since session 19's last commits the files come from the packages'
+# "prompts" half (`package_files(part=)`), the one `pair --package-text` never trains a target on; session 19's
+# calls drew from all of them.
 # Prediction with PACKAGES=3000 on a fresh d_pair.sh pair: tau(DFlash) 2.0-2.4 after d_more.sh and 2.2-2.6 after
 # AGAIN=1 on the shipped prompts (against 1.79 / 1.79), depth-1 agreement 0.52 -> 0.58-0.65.
 # PAIR=<dir>: a pair made earlier (target/ and drafter/, e.g. carried as the ignored /.pair/), instead of d_pair.sh's

@@ -12,7 +12,15 @@
 # Session 17 ran it with VOCAB=1024 (bench/results/2026-12-01-h200-s17-pair-v1024): tau 2.20 with d_more.sh's drafter,
 # but fewer characters a round than the 4096-token pairs. The evaluation on the machine did not fit in the call
 # (150 s for AR alone), so the pair is always evaluated later on the CPU (`jaxspec.train eval`).
-# JAXSPEC_COMMIT=<hash> [KEEP=1] [VOCAB=N] bash bench/next/d_pair.sh   (EXTRA="--tiny --time-budget-s 60": a CPU dry run)
+# PACKAGES=N (new in session 19, never run on the H200; default none): the target also trains on N .py files of the
+# image's installed packages (their "target" half, `pair --package-text`), and the drafter's prompts get N files of
+# the other half. On the image 3000 package files were 15 M tokens (bench/results/2026-12-01-h200-s19-pair-wide-
+# prompts), so PACKAGES=1000 takes the target's text from 2.8 M to ~7.8 M tokens: ~5.6 passes in its time instead
+# of 15.6. Which way that moves tau is open. The targets of sessions 10 and 18 memorised their ~2.9 M tokens (loss
+# 0.155 / 0.199) and were more confident along their own continuations than the 256-wide one (mean top-1 p 0.80 /
+# 0.75 against 0.715 on the shipped prompts). A target that generalises better may be less sure of its own
+# continuations, or more sure of code it has not seen.
+# JAXSPEC_COMMIT=<hash> [KEEP=1] [VOCAB=N] [PACKAGES=N] bash bench/next/d_pair.sh   (EXTRA="--tiny --time-budget-s 60": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 W=/tmp/dp
@@ -31,6 +39,6 @@ finish() {
 trap finish EXIT
 echo "work dir $W" > $W/pair.log
 timeout 565 python -m jaxspec.train pair --out $W/out --work $W/work --target-width 384 --drafter-data mixed \
-  --gen-sequences 49152 --gen-batch 4096 ${VOCAB:+--vocab $VOCAB} --no-eval \
+  --gen-sequences 49152 --gen-batch 4096 ${VOCAB:+--vocab $VOCAB} ${PACKAGES:+--package-text $PACKAGES} --no-eval \
   --time-budget-s 545 $EXTRA >> $W/pair.log 2>&1
 echo "pair rc=$?" >> $W/pair.log
