@@ -1063,12 +1063,12 @@ def run_pair(args) -> int:
     if args.package_text < 0:
         raise ConfigError(f"--package-text {args.package_text}: must be >= 0")
     unseen = args.drafter_prompts == "unseen"
+    n_pkg = args.package_text
     try:
-        packages = {part: package_files(args.package_text, part=part) if args.package_text else []
-                    for part in (PACKAGE_PARTS if unseen else PACKAGE_PARTS[:1])}
+        target_pkgs = package_files(n_pkg, part="target") if n_pkg else []
+        prompt_pkgs = package_files(n_pkg, part="prompts") if n_pkg and unseen else []
     except ValueError as e:
-        raise ConfigError(f"--package-text {args.package_text}: {e}") from None
-    packages.setdefault("prompts", [])
+        raise ConfigError(f"--package-text {n_pkg}: {e}") from None
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or out / "work").absolute()
@@ -1085,7 +1085,7 @@ def run_pair(args) -> int:
     files = stdlib_files()
     if args.tiny:
         files = files[:120]
-    train_files, held_files, prompt_files = pair_files(files, unseen, packages["target"], packages["prompts"])
+    train_files, held_files, prompt_files = pair_files(files, unseen, target_pkgs, prompt_pkgs)
     texts, n_chars = [], 0
     for f in train_files:
         t = read_text(f)
@@ -1109,17 +1109,17 @@ def run_pair(args) -> int:
     root = Path(sysconfig.get_paths()["stdlib"])
     rel = lambda fs: [str(f.relative_to(root)) for f in fs if f.is_relative_to(root)]
     results["corpus"] = {"source": "Python standard library .py files (PSF license) at " + str(root)
-        + (f", and .py files of the installed packages" if args.package_text else ""),
+        + (", and .py files of the installed packages" if n_pkg else ""),
         "python": platform.python_version(), "train_files": len(train_files),
         "held_out_files": len(held_files), "train_chars": n_chars, "train_tokens": int(len(stream)),
         "vocab": vocab, "held_out_tokens": int(sum(len(d) for d in held_docs)),
         "drafter_prompts": args.drafter_prompts,
         "drafter_prompt_files": len(prompt_files) if unseen else len(train_files),
         "drafter_prompt_tokens": int(sum(len(d) for d in prompt_docs)),
-        "package_files": {"target": len(packages["target"]), "drafter_prompts": len(packages["prompts"])},
+        "package_files": {"target": len(target_pkgs), "drafter_prompts": len(prompt_pkgs)},
         # the stdlib files by name, so that a later evaluation elsewhere can check that its prompts are unseen
         "stdlib_files": {"train": rel(train_files), "held_out": rel(held_files), "drafter_prompts": rel(prompt_files)}}
-    log(f"corpus: {len(train_files)} files ({len(packages['target'])} from installed packages), {n_chars / 1e6:.1f}M "
+    log(f"corpus: {len(train_files)} files ({len(target_pkgs)} from installed packages), {n_chars / 1e6:.1f}M "
         f"chars -> {len(stream) / 1e6:.2f}M tokens (vocab {vocab}); held out {len(held_files)} files; the drafter's "
         f"prompts: {results['corpus']['drafter_prompt_files']} files")
     tcfg = s.target.replace(vocab_size=vocab, eos_token_ids=(eos_id,))
