@@ -1363,14 +1363,31 @@ def run_drafter(args) -> int:
     return 0
 
 
-def text_docs(tok, paths) -> list[np.ndarray]:
-    """Token ids of each non-empty text file among `paths` (files, or dirs searched for .py/.txt/.md), in order."""
+def text_files(paths) -> list[Path]:
+    """The files among `paths` (files, or dirs searched for .py/.txt/.md), in order."""
     files = []
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"--text {p}: no such file or directory")
         files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".txt", ".md")) if p.is_dir() else [p]
-    return [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in files) if t]
+    return files
+
+
+def text_docs(tok, paths) -> list[np.ndarray]:
+    """Token ids of each non-empty text file among `paths` (files, or dirs searched for .py/.txt/.md), in order."""
+    return [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in text_files(paths)) if t]
+
+
+def seen_by_pair(files: list[Path], results: dict, stdlib_root=None) -> list[Path]:
+    """Those of `files` that a `pair` run (its results.json, `results`) trained its target on or cut its drafter's
+    prompts from, by their path under the stdlib (`corpus.stdlib_files`), wherever that stdlib is installed."""
+    names = results.get("corpus", {}).get("stdlib_files")
+    if names is None:
+        raise ValueError("it has no corpus.stdlib_files (pair runs record them since session 19)")
+    root = Path(stdlib_root or sysconfig.get_paths()["stdlib"]).resolve()
+    seen = set(names["train"]) | set(names["drafter_prompts"])
+    return [f for f in files if Path(f).resolve().is_relative_to(root)
+            and Path(f).resolve().relative_to(root).as_posix() in seen]
 
 
 def run_eval(args) -> int:
@@ -1382,11 +1399,22 @@ def run_eval(args) -> int:
                     ("--budgets", min(args.budgets, default=1))):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
+    files, left_out = text_files(args.text), []
+    if args.unseen_by:
+        try:
+            left_out = seen_by_pair(files, json.loads(Path(args.unseen_by).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"--unseen-by {args.unseen_by}: {e}") from None
+        files = [f for f in files if f not in set(left_out)]
+        log(f"eval: {len(left_out)} of {len(files) + len(left_out)} text files left out: the pair of "
+            f"{args.unseen_by} trained on them or drafted from them")
+        if not files:
+            raise ConfigError(f"--unseen-by {args.unseen_by}: every --text file was seen by that pair")
     target = load_model(args.target, dtype=args.dtype)
     drafter = load_draft(args.draft, dtype=args.dtype)
     tok = load_tokenizer(args.target)
     try:
-        prompts = prompts_from(text_docs(tok, args.text), args.prompts, args.prompt_len, args.seed)
+        prompts = prompts_from(text_docs(tok, files), args.prompts, args.prompt_len, args.seed)
     except ValueError as e:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
@@ -1398,7 +1426,9 @@ def run_eval(args) -> int:
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
-                          "text": [str(t) for t in args.text]},
+                          "text": [str(t) for t in args.text],
+                          **({"unseen_by": str(args.unseen_by), "left_out": [str(f) for f in left_out]}
+                             if args.unseen_by else {})},
               "methods": methods}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -1515,6 +1545,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
     e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    e.add_argument("--unseen-by", metavar="RESULTS_JSON",
+                   help="a `pair` run's results.json: leave out the --text files of the stdlib that its target "
+                        "trained on or its drafter's prompts came from (their names are in corpus.stdlib_files)")
     e.set_defaults(func=run_eval)
     return p
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sysconfig
 import time
 import zlib
 from pathlib import Path
@@ -573,6 +574,9 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     assert c["drafter_prompt_files"] == len(names["drafter_prompts"]) + 2 and 0 < len(names["drafter_prompts"])
     assert c["train_files"] == len(names["train"]) + 2 and c["held_out_files"] == len(names["held_out"])
     assert not set(names["train"]) & (set(names["held_out"]) | set(names["drafter_prompts"]))
+    root = Path(sysconfig.get_paths()["stdlib"])                            # what eval --unseen-by leaves out
+    some = [root / n for n in names["train"][:2] + names["held_out"][:2] + names["drafter_prompts"][:1]]
+    assert train.seen_by_pair(some, res) == some[:2] + some[4:]
     assert res["drafter"]["steps"] > 0 and sorted(out.glob("pair.tar.*"))
     assert time.time() - t0 < 50 * 1.15 + 30            # the budget, plus the export and packing
 
@@ -712,6 +716,39 @@ def test_drafter_refuses_bad_package_text(tmp_path, capsys):
     assert train.main(base + ["--package-text", str(10 ** 9)]) == 2
     assert "--package-text 1000000000" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_seen_by_pair_names_the_stdlib_files_a_pair_trained_or_drafted_on(tmp_path):
+    """eval --unseen-by: a file is seen when its path under the stdlib is in the pair's training or prompt split,
+    wherever the stdlib lies; held-out files and files outside the stdlib are not."""
+    root = tmp_path / "lib"
+    files = [root / "a.py", root / "sub" / "b.py", root / "c.py", tmp_path / "other" / "a.py"]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x = 1\n")
+    res = {"corpus": {"stdlib_files": {"train": ["a.py"], "held_out": ["c.py"], "drafter_prompts": ["sub/b.py"]}}}
+    assert train.seen_by_pair(files, res, stdlib_root=root) == files[:2]
+    with pytest.raises(ValueError, match="no corpus.stdlib_files"):
+        train.seen_by_pair(files, {"corpus": {}}, stdlib_root=root)
+
+
+def test_eval_unseen_by_refuses_before_loading_models(tmp_path, capsys):
+    """--unseen-by with results of no file names, or leaving no text: exit 2 naming the flag, before any model
+    is read (the target here does not exist)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = [stdlib / "json" / "__init__.py", stdlib / "json" / "decoder.py"]
+    base = ["eval", "--target", str(tmp_path / "nope"), "--draft", str(tmp_path / "nope"), "--out",
+            str(tmp_path / "e.json"), "--text", *map(str, text), "--unseen-by"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"corpus": {"train_files": 3}}))
+    assert train.main(base + [str(old)]) == 2
+    assert f"--unseen-by {old}: it has no corpus.stdlib_files" in capsys.readouterr().err
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"corpus": {"stdlib_files": {"train": ["json/__init__.py"], "held_out": [],
+                                                            "drafter_prompts": ["json/decoder.py"]}}}))
+    assert train.main(base + [str(both)]) == 2
+    assert "every --text file was seen by that pair" in capsys.readouterr().err
+    assert not (tmp_path / "e.json").exists()
 
 
 def test_evaluate_counts_characters_per_round():
