@@ -1383,7 +1383,7 @@ def seen_by_pair(files: list[Path], results: dict, stdlib_root=None) -> list[Pat
     prompts from, by their path under the stdlib (`corpus.stdlib_files`), wherever that stdlib is installed."""
     names = results.get("corpus", {}).get("stdlib_files")
     if names is None:
-        raise ValueError("it has no corpus.stdlib_files (pair runs record them since session 19)")
+        raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
     root = Path(stdlib_root or sysconfig.get_paths()["stdlib"]).resolve()
     seen = set(names["train"]) | set(names["drafter_prompts"])
     return [f for f in files if Path(f).resolve().is_relative_to(root)
@@ -1402,10 +1402,10 @@ def run_eval(args) -> int:
     files, left_out = text_files(args.text), []
     if args.unseen_by:
         try:
-            left_out = seen_by_pair(files, json.loads(Path(args.unseen_by).read_text()))
+            left_out = set(seen_by_pair(files, json.loads(Path(args.unseen_by).read_text())))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--unseen-by {args.unseen_by}: {e}") from None
-        files = [f for f in files if f not in set(left_out)]
+        files = [f for f in files if f not in left_out]
         log(f"eval: {len(left_out)} of {len(files) + len(left_out)} text files left out: the pair of "
             f"{args.unseen_by} trained on them or drafted from them")
         if not files:
@@ -1427,7 +1427,7 @@ def run_eval(args) -> int:
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],
-                          **({"unseen_by": str(args.unseen_by), "left_out": [str(f) for f in left_out]}
+                          **({"unseen_by": str(args.unseen_by), "left_out": sorted(map(str, left_out))}
                              if args.unseen_by else {})},
               "methods": methods}
     out = Path(args.out)
