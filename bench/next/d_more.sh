@@ -23,7 +23,7 @@
 # PAIR=<dir>: a pair made earlier (target/ and drafter/, e.g. carried as the ignored /.pair/), instead of d_pair.sh's
 # on this machine: its drafter goes on as it is (no growth), so that no d_pair.sh call is needed. Session 18's
 # call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair.
-# JAXSPEC_COMMIT=<hash> [AGAIN=1 [SEED=17]] [PACKAGES=N] [PAIR=dir] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
+# JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 P=/tmp/dp/work/pair; [ -d $P ] || P=/dev/shm/dp/work/pair     # where d_pair.sh worked
@@ -41,7 +41,7 @@ elif [ -n "$PAIR" ]; then
   [ -d $P/drafter ] || { echo "no $P/drafter"; exit 1; }
   FROM="--init $P/drafter"; SEED=${SEED:-15}
 else
-  FROM="--init $P/drafter --grow-layers 2"; SEED=15
+  FROM="--init $P/drafter --grow-layers 2"; SEED=${SEED:-15}
 fi
 df -h /tmp > $W/df.txt
 finish() {
