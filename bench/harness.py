@@ -307,24 +307,42 @@ def trace_rounds(eng, d, rounds: int, calls: int, out: Path) -> dict:
     return dict(xplane=str(dest), rounds=rounds * calls, bytes=dest.stat().st_size)
 
 
-def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4) -> dict:
+def engine_rounds(eng, state, draft, rounds: int, repeats: int = 4, queue: int = 4) -> dict:
     """ms per round inside the engine's device loop (the compiled `Engine._run` that generate uses), from
     `state` and `draft` (e.g. random_state at some committed length): no prefill. `out` has 8 slots (writes
     past it are dropped, which costs the same as keeping them) and max_new is huge, so every round runs.
-    Two untimed calls first: under a mesh the second may recompile for the shardings the first returned."""
+    Two untimed calls first: under a mesh the second may recompile for the shardings the first returned.
+
+    Two figures a round. `median_ms`: one call of `rounds` rounds, then a sync, so the call's fixed host work
+    (arguments flattened, the program launched, the result read back) is spread over its rounds, as in a
+    generate that streams every `rounds` rounds. `queued_median_ms`: `queue` calls dispatched back to back, then
+    one sync, so each call's host work can overlap the previous call's loop where the runtime lets it.
+    Raises if a call ran fewer rounds than asked (the state ran out of room: a larger max_len is needed)."""
     d = decoding_at(eng, state, draft)
     for _ in range(2):
         d = eng._run(eng.params, d, ENDLESS, rounds)
     jax.block_until_ready(d)
-    per = []
-    for _ in range(repeats):
+
+    def timed(calls):
+        nonlocal d
         r0 = int(d.rounds[0])
         t = time.perf_counter()
-        d = eng._run(eng.params, d, ENDLESS, rounds)
+        for _ in range(calls):
+            d = eng._run(eng.params, d, ENDLESS, rounds)
         jax.block_until_ready(d)
-        per.append((time.perf_counter() - t) * 1e3 / max(int(d.rounds[0]) - r0, 1))
+        ran = int(d.rounds[0]) - r0
+        if ran != calls * rounds:
+            raise RuntimeError(f"engine_rounds: {ran} of {calls * rounds} rounds ran (the state reached its max_len "
+                               f"of {d.state.max_len} slots at length {int(d.state.length[0])}); give it more slots")
+        return (time.perf_counter() - t) * 1e3 / ran
+
+    per, queued = [], []
+    for _ in range(repeats):
+        per.append(timed(1))
+        queued.append(timed(queue))
     hist = np.asarray(d.hist).sum(0)
     return dict(median_ms=float(np.median(per)), min_ms=float(np.min(per)), rounds_per_call=rounds,
+                queued_median_ms=float(np.median(queued)), queued_min_ms=float(np.min(queued)), queued_calls=queue,
                 tau_random_weights=float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1)))
 
 

@@ -124,6 +124,9 @@ def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *
         add("AR decode step (engine device loop)", ctx, ar_round, "ms", "ar_round",
             1e3 / ar_round if ar_round else None, time_row=True)
         add("AR decode step (back to back calls)", ctx, ar_step, "ms", time_row=True)
+        queued = ms(ph, "ar_round_device_loop", "queued_median_ms")
+        if queued is not None:     # the device loop's calls dispatched back to back (bench.harness.engine_rounds)
+            add("AR decode step (engine device loop, calls queued)", ctx, queued, "ms", time_row=True)
         # The verify / AR ratios are judged on the verify's device time where measured: back to back, a verify
         # call's wall time also holds host work that the round hides (at a 137K-slot cache, 16.6 ms of kernels
         # took 23.9 ms a call: bench/results/2026-11-30-h200-s12-table). The AR step is device-bound either way.

@@ -109,6 +109,22 @@ def test_hlo_index_shares_deduplicated_kernels():
     assert idx.shares("gemm_fusion_dot.1") == {"gdn": 0.5, "attn": 0.5}
 
 
+def test_engine_rounds_times_synced_and_queued_calls_and_refuses_a_full_cache():
+    """harness.engine_rounds: a round's ms from one synced call and from calls queued back to back, every call
+    running all its rounds; a state without room for them is an error naming max_len, not a silent average."""
+    from flax import nnx
+    from jaxspec.engine import Engine
+    from jaxspec.model import Qwen35
+    cfg = harness.tiny_config("float32")
+    eng = Engine(Qwen35(cfg, rngs=nnx.Rngs(0)))
+    r = harness.engine_rounds(eng, harness.random_state(cfg, 1, 64, 8), (), rounds=2, repeats=1, queue=2)
+    _positive(r, "median_ms", "min_ms", "queued_median_ms", "queued_min_ms")
+    assert r["rounds_per_call"] == 2 and r["queued_calls"] == 2
+    # 2 untimed calls + 1 synced + 2 queued, 2 rounds each, one token a round (AR): 10 more slots than 8 + 1.
+    with pytest.raises(RuntimeError, match="max_len of 16 slots"):
+        harness.engine_rounds(eng, harness.random_state(cfg, 1, 16, 8), (), rounds=2, repeats=1, queue=2)
+
+
 @pytest.mark.slow
 def test_rounds_phases_and_partial_json(tmp_path):
     """bench.rounds on the tiny config: the chosen groups only, every phase in the JSON it rewrites."""
@@ -121,6 +137,8 @@ def test_rounds_phases_and_partial_json(tmp_path):
     for key in ("ar_step", "ar_round_device_loop", "draft", "verify_tree5", "accept_commit_tree5", "ddtree4_round",
                 "mtp_step", "mtp_draft_k1", "mtp1_round"):
         _positive(ph[key], "median_ms")
+    for key in ("ar_round_device_loop", "ddtree4_round", "mtp1_round"):         # the engine's device loop
+        _positive(ph[key], "queued_median_ms")
     for key in ("draft", "verify_tree5", "accept_commit_tree5", "mtp_step"):     # the phases timed alone
         _positive(ph[key], "device_ms", "kernels")
     assert "dflash_round" not in ph and "verify_chain16" not in ph

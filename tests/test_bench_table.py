@@ -12,7 +12,7 @@ def _phase(x, device=None):
 
 
 def _rounds():
-    at = lambda s: {"ar_step": _phase(15.0 * s), "ar_round_device_loop": _phase(15.3 * s),
+    at = lambda s: {"ar_step": _phase(15.0 * s), "ar_round_device_loop": _phase(15.3 * s) | dict(queued_median_ms=14.8 * s),
                     "verify_chain16": _phase(18.6 * s), "verify_tree65": _phase(28.5 * s, 26.0 * s), "draft": _phase(2.4, 1.9),
                     "tree_build": {"64": _phase(0.2, 0.1)}, "accept_commit_tree65": _phase(2.5, 0.3),
                     "dflash_round": _phase(20.0 * s), "ddtree64_round": _phase(30.0 * s)}
@@ -34,6 +34,8 @@ def test_compose_judges_the_goals_at_1k():
     ar = k1["AR decode step (engine device loop)"]
     assert ar["value"] == 15.3 and ar["met"] is False and ar["vs_roofline"] == pytest.approx(15.3 / 11.92)
     assert ar["tok_s"] == pytest.approx(1e3 / 15.3)
+    queued = k1["AR decode step (engine device loop, calls queued)"]
+    assert queued["value"] == pytest.approx(14.8) and queued["goal"] is None and queued["met"] is None
     assert k32["AR decode step (engine device loop)"]["met"] is None          # goals are for 1K only
     assert k32["AR decode step (engine device loop)"]["goal"] is None
     # The verify / AR goals: on the verify's device time where measured (the tree), else back to back (the chain)
