@@ -642,6 +642,13 @@ def stdlib_files() -> list[Path]:
 PACKAGE_PARTS = ("target", "prompts")
 
 
+def stdlib_name(f, root=None) -> str | None:
+    """`f`'s path under the standard library (posix, relative to its root), None outside it: the name `pair`
+    records for each file it used and `eval --unseen-by` matches, wherever the stdlib is installed."""
+    root, f = Path(root or sysconfig.get_paths()["stdlib"]).resolve(), Path(f).resolve()
+    return f.relative_to(root).as_posix() if f.is_relative_to(root) else None
+
+
 def package_files(n: int, roots=None, min_bytes: int = 1_000, max_bytes: int = 100_000,
                   part: str | None = None) -> list[Path]:
     """n .py files of the installed Python packages (site-packages / dist-packages under `roots`, default this
@@ -1107,7 +1114,7 @@ def run_pair(args) -> int:
     # the drafter's greedy prompts: from the target's own training text, or from files it never saw
     prompt_docs = encode_files(tok, prompt_files) if unseen else docs
     root = Path(sysconfig.get_paths()["stdlib"])
-    rel = lambda fs: [str(f.relative_to(root)) for f in fs if f.is_relative_to(root)]
+    rel = lambda fs: [n for n in map(stdlib_name, fs) if n is not None]
     results["corpus"] = {"source": "Python standard library .py files (PSF license) at " + str(root)
         + (", and .py files of the installed packages" if n_pkg else ""),
         "python": platform.python_version(), "train_files": len(train_files),
@@ -1384,10 +1391,8 @@ def seen_by_pair(files: list[Path], results: dict, stdlib_root=None) -> list[Pat
     names = results.get("corpus", {}).get("stdlib_files")
     if names is None:
         raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
-    root = Path(stdlib_root or sysconfig.get_paths()["stdlib"]).resolve()
     seen = set(names["train"]) | set(names["drafter_prompts"])
-    return [f for f in files if Path(f).resolve().is_relative_to(root)
-            and Path(f).resolve().relative_to(root).as_posix() in seen]
+    return [f for f in files if stdlib_name(f, stdlib_root) in seen]
 
 
 def run_eval(args) -> int:
