@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from bench import harness as H
+from bench import profile
 from bench.profile import device_time
 from jaxspec import drafter as DR
 from jaxspec import model as M
@@ -140,9 +141,14 @@ def main(argv=None):
                          "and the drafter read every slot, so a short generation's cost needs a short cache")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="weights and activations (default: %(default)s; CPUs run float32 faster)")
+    ap.add_argument("--trace-ar", action="store_true",
+                    help="with the ar group: also profile the bare AR step and the engine's AR loop at the first "
+                         "context and compare their kernels per step by part (phase 'ar_trace')")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
     groups = {g for g in args.phases.split(",") if g}
+    if args.trace_ar and "ar" not in groups:
+        ap.error("--trace-ar needs the ar group in --phases")
     if groups - {"ar", "dflash", "ddtree", "mtp"}:
         ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
                  "choose from ar,dflash,ddtree,mtp")
@@ -211,6 +217,45 @@ def main(argv=None):
     dgd, dp = nnx.split(drafter)
     pending = jnp.ones((1,), jnp.int32)
 
+    def trace_ar(step, eng, ctx):
+        """Where the device loop's extra time a round goes (session 21: the engine's AR loop took 15.06 ms a
+        round with calls queued, the bare step 14.65 back to back): `rounds` bare steps and two queued loop calls
+        of `rounds` rounds each profiled, their kernels charged to the model's parts (bench.profile.summarize
+        on each program's optimized HLO), per step / round: kernel time, span, gaps, kernels by part."""
+        st = [H.random_state(cfg, 1, max_len, ctx), jnp.ones((1, 1), jnp.int32)]
+        d = [H.decoding_at(eng, H.random_state(cfg, 1, max_len, ctx), ())]
+
+        def one_step():
+            st[0], st[1] = step(tp, st[0], st[1])
+            return st[1]
+
+        def one_call():
+            d[0] = eng._run(eng.params, d[0], H.ENDLESS, args.rounds)
+            return d[0]
+
+        forms = (("ar_step", one_step, args.rounds, args.rounds,
+                  lambda: step.lower(tp, st[0], st[1]).compile().as_text()),
+                 ("ar_round_device_loop", one_call, 2, 2 * args.rounds,
+                  lambda: eng._run.lower(eng.params, d[0], H.ENDLESS, args.rounds).compile().as_text()))
+        out = {}
+        for name, fn, calls, per, hlo in forms:
+            index = profile.HloIndex(hlo())
+            jax.block_until_ready(fn())
+            with profile.trace(fn, calls) as xplane:
+                if xplane is None:
+                    raise RuntimeError(f"--trace-ar: the profiler wrote no trace for {name}")
+                s = profile.summarize(profile.load_events(xplane)[0], index, per, top=12)
+            out[name] = {k: s[k] for k in ("kernel_ms_per_step", "span_ms_per_step", "gap_ms_per_step",
+                                           "kernels_per_step", "gemm_ms_per_step", "other_kernels_ms_per_step")}
+            out[name]["by_part_ms"] = {k: v["ms_per_step"] for k, v in s["by_part"].items()}
+            out[name]["top_kernels"] = s["top_kernels"]
+        a, b = out["ar_step"], out["ar_round_device_loop"]
+        out["loop_minus_step"] = {k: b[k] - a[k] for k in ("kernel_ms_per_step", "span_ms_per_step",
+                                                           "gap_ms_per_step", "kernels_per_step")}
+        out["loop_minus_step"]["by_part_ms"] = {k: b["by_part_ms"].get(k, 0.0) - a["by_part_ms"].get(k, 0.0)
+                                                for k in sorted(set(a["by_part_ms"]) | set(b["by_part_ms"]))}
+        return out
+
     def measure(ctx, ph):
         """Every phase at one context; jitted functions and engines are made once (memo) and reused."""
         # AR step, back to back and inside the engine's device loop.
@@ -243,6 +288,10 @@ def main(argv=None):
 
         if "ar" in groups:
             engine_rounds(None, "ar_round_device_loop")
+            if args.trace_ar and ctx == contexts[0]:
+                ph["ar_trace"] = trace_ar(step, made["ar_round_device_loop"], ctx)
+                log(f"ar_trace {ph['ar_trace']['loop_minus_step']}")
+                save()
 
         if groups & {"dflash", "ddtree"}:
             # DFlash phases.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jax
+import numpy as np
 import pytest
 
 from bench import harness, profile
@@ -165,6 +166,26 @@ def test_rounds_phases_and_partial_json(tmp_path):
     for c in ("24", "40"):
         assert set(res["contexts"][c]) == {"ar_step", "mtp_step", "mtp_draft_k1", "mtp1_round"}
         assert res["ratios"][c]["vs_ar_step"]["ar_step"] == 1.0
+
+
+@pytest.mark.slow
+def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path):
+    """--trace-ar: both AR forms profiled (on a CPU, the host's XLA thunks), per step / round, and their
+    difference by part; without the ar group it is refused."""
+    from bench import rounds
+    out = tmp_path / "rounds.json"
+    rounds.main(["--config", "tiny", "--context", "32", "--phases", "ar", "--trace-ar", "--k", "1", "--rounds", "2",
+                 "--out", str(out)])
+    tr = json.loads(out.read_text())["phases"]["ar_trace"]
+    for form in ("ar_step", "ar_round_device_loop"):
+        _positive(tr[form], "kernel_ms_per_step", "span_ms_per_step", "kernels_per_step")
+        assert tr[form]["top_kernels"] and sum(tr[form]["by_part_ms"].values()) > 0
+    d = tr["loop_minus_step"]
+    assert np.isclose(d["span_ms_per_step"],
+                      tr["ar_round_device_loop"]["span_ms_per_step"] - tr["ar_step"]["span_ms_per_step"])
+    assert np.isclose(sum(d["by_part_ms"].values()), d["kernel_ms_per_step"], atol=1e-6)
+    with pytest.raises(SystemExit):
+        rounds.main(["--config", "tiny", "--phases", "dflash", "--trace-ar"])
 
 
 def test_device_time_of_a_multi_device_call_is_the_busiest_devices():

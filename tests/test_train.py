@@ -387,6 +387,25 @@ def test_accept_by_depth():
     assert train.accept_by_depth([0, 5]) == [] and train.accept_by_depth([0, 0, 4, 0]) == [1.0, 0.0]
 
 
+def test_repetition_counts_windows_seen_earlier_in_the_same_sequence():
+    """`repetition`: the share of the n-token windows ending in the continuation that occurred before, in the
+    prompt or earlier in the continuation; other prompts' windows do not count."""
+    prompt = np.arange(10, 16)[None]                                           # 6 distinct tokens
+    fresh = [list(range(20, 26))]                                              # nothing repeats
+    assert train.repetition(prompt, fresh, n=3) == {"n": 3, "mean": 0.0, "share_of_prompts_above_half": 0.0}
+    # the continuation copies the prompt: windows (10,11,12) .. (13,14,15) repeat, the two that straddle do not
+    r = train.repetition(prompt, [list(range(10, 16))], n=3)
+    assert np.isclose(r["mean"], 4 / 6)
+    # a loop of period 2 inside the continuation: every window after the first two repeats
+    loop = [7, 8] * 5
+    r = train.repetition(prompt, [loop], n=3)
+    windows = len(loop)                                    # one ends at each continuation token
+    assert np.isclose(r["mean"], (windows - 4) / windows) and r["share_of_prompts_above_half"] == 1.0
+    # per prompt, then the mean: the second sequence's windows are not "seen" by the first's
+    r = train.repetition(np.concatenate([prompt, prompt]), [list(range(10, 16)), list(range(20, 26))], n=3)
+    assert np.isclose(r["mean"], (4 / 6 + 0) / 2) and r["share_of_prompts_above_half"] == 0.5
+
+
 def test_grow_drafter_drafts_as_before_and_trains_the_new_layers():
     """--grow-layers: appended layers start as the identity (the drafts are the old drafter's), and the
     gradient reaches them."""
@@ -758,5 +777,6 @@ def test_evaluate_counts_characters_per_round():
     one_char = lambda ids: "".join("x" for _ in ids)
     m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 6, 4, (), detokenize=one_char)
     assert set(m) == {"ar", "dflash"}
+    assert m["ar"]["repetition"]["n"] == 8 and 0.0 <= m["ar"]["repetition"]["mean"] <= 1.0
     for k, e in m.items():
         assert e["chars"] == e["tokens"] == 12 and np.isclose(e["chars_per_round"], e["tau"]), k
