@@ -1073,6 +1073,19 @@ PHASE_END = {"target": 0.36, "corpus_mixed": 0.40, "corpus_corpus": 0.46, "greed
              "drafter": 0.74, "drafter_no_eval": 0.95}
 
 
+def phase_ends(target_share: float = PHASE_END["target"]) -> dict:
+    """PHASE_END with the target's phase ending at `target_share` of the budget and the later phases squeezed
+    (or stretched) proportionally into what is left before 0.95, where the drafter of --no-eval ends.
+    Session 21: at the default share the target trained only ~2 of the 9 minutes of a call (the rest went to
+    a drafter that d_more.sh then retrains), and at 2.4 passes over 17 M tokens its greedy text looped."""
+    t0, end = PHASE_END["target"], PHASE_END["drafter_no_eval"]
+    if not t0 / 2 <= target_share < end - 0.05:
+        raise ValueError(f"must be in [{t0 / 2:g}, {end - 0.05:g}), the share of the budget where the target "
+                         f"stops training (default {t0:g})")
+    scale = (end - target_share) / (end - t0)
+    return {k: target_share + (v - t0) * scale for k, v in PHASE_END.items()}
+
+
 def run_pair(args) -> int:
     from convert.hf import load_target
     from jaxspec.export import export_drafter, export_target
@@ -1081,6 +1094,10 @@ def run_pair(args) -> int:
     t_start = time.time()
     budget = float(args.time_budget_s)
     at = lambda frac: t_start + frac * budget
+    try:
+        ends = phase_ends(args.target_share)
+    except ValueError as e:
+        raise ConfigError(f"--target-share {args.target_share:g}: {e}") from None
     if args.target_max_epochs < 0:
         raise ConfigError(f"--target-max-epochs {args.target_max_epochs:g}: must be >= 0 (0: no cap)")
     s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
@@ -1169,12 +1186,13 @@ def run_pair(args) -> int:
     if args.target_max_epochs:     # steps that show the target its training stream at most this many times
         cap = min(cap, max(int(args.target_max_epochs * len(stream) / (s.t_batch * s.t_seq)), 1))
     if not tr.restore():
-        tr.steps = calibrate_steps(tr, at(PHASE_END["target"] - 0.02) - time.time(), cap=cap)
+        tr.steps = calibrate_steps(tr, at(ends["target"] - 0.02) - time.time(), cap=cap)
         tr.warmup = min(200, max(tr.steps // 10, 1))
-    tr.run(deadline=at(PHASE_END["target"]))
+    tr.run(deadline=at(ends["target"]))
     target = nnx.merge(graphdef, jax.device_get(tr.params))
     results["target"] = {"config": dataclasses.asdict(tcfg), "steps": tr.step, "tokens_seen": tr.step * s.t_batch * s.t_seq,
                          "epochs": tr.step * s.t_batch * s.t_seq / len(stream), "max_epochs": args.target_max_epochs,
+                         "share_of_budget": args.target_share,
                          "final_loss": float(np.mean(tr.losses[-20:])),
                          "params": int(sum(x.size for x in jax.tree.leaves(params)))}
     loss_curve_png(out / "target_loss.png", tr.losses)
@@ -1198,7 +1216,7 @@ def run_pair(args) -> int:
         win = s.prompt_len + s.gen_new if data == "mixed" else s.d_window   # mixed: one batch shape
         n_win = len(stream) // win if not s.d_windows else min(s.d_windows, len(stream) // win)
         done = cache.build(frozen_target, stream, tuple(s.taps), win, n_win, args.seed + 1,
-                           batch=s.gen_batch // 4 or 1, deadline=at(PHASE_END["corpus_" + data]))
+                           batch=s.gen_batch // 4 or 1, deadline=at(ends["corpus_" + data]))
         positions = win - s.block - (s.prompt_len - 1) + 1
         results["drafter_data"]["corpus"] = {"windows": done, "window": win, "tokens": done * win,
                                              "labels": "target greedy, exact prefix", "seconds": time.time() - t0}
@@ -1207,7 +1225,7 @@ def run_pair(args) -> int:
         t1 = time.time()
         prompts = prompts_from(prompt_docs, s.gen_n, s.prompt_len, args.seed + 1)
         seqs = greedy_sequences(frozen_target, prompts, s.gen_new, s.gen_batch, work / "greedy.npy",
-                                deadline=at(PHASE_END["greedy"]))
+                                deadline=at(ends["greedy"]))
         results["drafter_data"]["greedy"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len,
                                              "generated": s.gen_new, "seconds": time.time() - t1}
         log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t1:.1f}s")
@@ -1220,7 +1238,7 @@ def run_pair(args) -> int:
             cache, done, positions = gcache, n_seq, g_positions
 
     # 4. Drafter: to the end of the budget, less the evaluation's share when there is one.
-    d_end = PHASE_END["drafter_no_eval" if args.no_eval else "drafter"]
+    d_end = ends["drafter_no_eval" if args.no_eval else "drafter"]
     drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed + 2))
     dgraph, dparams = nnx.split(drafter)
     loss_fn = drafter_loss_cached(dgraph, default_gamma(s.block))
@@ -1500,6 +1518,10 @@ def parser() -> argparse.ArgumentParser:
                    help="where the drafter's greedy prompts come from: files set apart from both the target's "
                         "training split and the evaluation (unseen, the default: the target free-running on text "
                         "new to it, as it will at inference), or the target's training files (train: it recites)")
+    a.add_argument("--target-share", type=float, default=PHASE_END["target"],
+                   help="the share of --time-budget-s at which the target stops training (default: %(default)s); "
+                        "the data and drafter phases share what is left before 95%% in their default proportions. "
+                        "Raise it when a later call trains the drafter further (bench/next/d_more.sh)")
     a.add_argument("--target-max-epochs", type=float, default=0,
                    help="train the target over its stream at most this many times (default: 0, no cap; the "
                         "384-wide target memorised its split in 16 epochs, loss 0.19)")

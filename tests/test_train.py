@@ -579,7 +579,7 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     t0 = time.time()
     assert train.main(["pair", "--tiny", "--out", str(out), "--time-budget-s", "50", "--no-eval",
                        "--target-max-epochs", "0.5", "--gen-sequences", "8", "--drafter-layers", "2",
-                       "--vocab", "300", "--package-text", "2"]) == 0
+                       "--vocab", "300", "--package-text", "2", "--target-share", "0.5"]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["corpus"]["vocab"] == 300 and res["target"]["config"]["vocab_size"] == 300    # --vocab (tiny: 320)
     assert res["drafter"]["config"]["vocab_size"] == 300
@@ -587,6 +587,7 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     assert len(res["drafter"]["config"]["layer_types"]) == 2                   # --drafter-layers (tiny: 1)
     assert "methods" not in res["eval"] and "--no-eval" in res["eval"]["skipped"]
     assert 0 < res["target"]["epochs"] <= 0.5 and res["target"]["max_epochs"] == 0.5
+    assert res["target"]["share_of_budget"] == 0.5
     c = res["corpus"]                     # the drafter's prompts: files neither trained on nor evaluated on
     assert c["drafter_prompts"] == "unseen" and c["package_files"] == {"target": 2, "drafter_prompts": 2}
     names = c["stdlib_files"]                                                # --package-text 2: 2 + 2 files
@@ -598,6 +599,22 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     assert train.seen_by_pair(some, res) == some[:2] + some[4:]
     assert res["drafter"]["steps"] > 0 and sorted(out.glob("pair.tar.*"))
     assert time.time() - t0 < 50 * 1.15 + 30            # the budget, plus the export and packing
+
+
+def test_phase_ends_move_the_target_and_squeeze_the_rest():
+    """--target-share: the default leaves PHASE_END as it is; a larger share ends the target there and keeps
+    the later phases in order, in their proportions, before 0.95; out of range is refused."""
+    assert train.phase_ends() == pytest.approx(train.PHASE_END)
+    e = train.phase_ends(0.75)
+    order = ["target", "corpus_mixed", "corpus_corpus", "greedy", "drafter", "drafter_no_eval"]
+    assert e["target"] == 0.75 and e["drafter_no_eval"] == pytest.approx(0.95)
+    assert [e[k] for k in order] == sorted(e[k] for k in order)
+    base = train.PHASE_END
+    ratio = (e["greedy"] - e["corpus_mixed"]) / (base["greedy"] - base["corpus_mixed"])
+    assert ratio == pytest.approx((0.95 - 0.75) / (0.95 - base["target"]))
+    for bad in (0.1, 0.9, 1.2):
+        with pytest.raises(ValueError, match="must be in"):
+            train.phase_ends(bad)
 
 
 def test_pair_sizes_resize_the_target_and_the_drafter_follows():
@@ -621,6 +638,8 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
 @pytest.mark.parametrize("flags,message", [(["--target-width", "300"], "--target-width 300"),
                                            (["--target-layers", "3"], "--target-layers 3"),
                                            (["--target-max-epochs", "-1"], "--target-max-epochs -1"),
+                                           (["--target-share", "0.92"], "--target-share 0.92"),
+                                           (["--target-share", "0.1"], "--target-share 0.1"),
                                            (["--gen-sequences", "0"], "--gen-sequences 0"),
                                            (["--gen-batch", "-4"], "--gen-batch -4"),
                                            (["--drafter-layers", "0"], "--drafter-layers 0"),

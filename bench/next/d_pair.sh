@@ -20,7 +20,12 @@
 # 0.155 / 0.199) and were more confident along their own continuations than the 256-wide one (mean top-1 p 0.80 /
 # 0.75 against 0.715 on the shipped prompts). A target that generalises better may be less sure of its own
 # continuations, or more sure of code it has not seen.
-# JAXSPEC_COMMIT=<hash> [KEEP=1] [VOCAB=N] [PACKAGES=N] bash bench/next/d_pair.sh   (EXTRA="--tiny --time-budget-s 60": a CPU dry run)
+# Session 21 ran PACKAGES=3000 (bench/results/2026-12-01-h200-s21-pair-packages): the target trained only 117 s of
+# the call (1252 steps, 2.4 passes over 17 M tokens, loss 1.75) and its greedy text looped (66% of its 8-token
+# windows on the 16 prompts repeat earlier ones, the shipped target's 8%), so tau 5.9 measured the loop: not shipped.
+# TARGET_SHARE=F (new in session 21, `pair --target-share`; default 0.36): the target trains until F of the budget,
+# the data and drafter phases share the rest (d_more.sh retrains the drafter anyway). 0.8 gives it ~3.2x the steps.
+# JAXSPEC_COMMIT=<hash> [KEEP=1] [VOCAB=N] [PACKAGES=N] [TARGET_SHARE=F] bash bench/next/d_pair.sh   (EXTRA="--tiny --time-budget-s 60": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 W=/tmp/dp
@@ -39,6 +44,7 @@ finish() {
 trap finish EXIT
 echo "work dir $W" > $W/pair.log
 timeout 565 python -m jaxspec.train pair --out $W/out --work $W/work --target-width 384 --drafter-data mixed \
-  --gen-sequences 49152 --gen-batch 4096 ${VOCAB:+--vocab $VOCAB} ${PACKAGES:+--package-text $PACKAGES} --no-eval \
+  --gen-sequences 49152 --gen-batch 4096 ${VOCAB:+--vocab $VOCAB} ${PACKAGES:+--package-text $PACKAGES} \
+  ${TARGET_SHARE:+--target-share $TARGET_SHARE} --no-eval \
   --time-budget-s 545 $EXTRA >> $W/pair.log 2>&1
 echo "pair rc=$?" >> $W/pair.log
