@@ -986,7 +986,8 @@ def repetition(prompts: np.ndarray, continuations: list[list[int]], n: int = 8) 
             seen.add(w)
         shares.append(hits / (len(windows) - first))
     return {"n": n, "mean": float(np.mean(shares)) if shares else 0.0,
-            "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0}
+            "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0,
+            "per_prompt": [float(x) for x in shares]}
 
 
 LOOPING = 0.3     # mean repeated-window share above which eval warns that tau measures a looping target
@@ -997,7 +998,7 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
     tau, token identity to AR and decode time (each method timed on a second pass, after compilation).
     With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
-    characters, comparable across tokenizers."""
+    characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`)."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import Engine
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
@@ -1031,6 +1032,8 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             entry["chars_per_round"] = tau * entry["chars"] / max(entry["tokens"], 1)
         if name == "ar":
             ar_tokens = toks
+            if detokenize is not None:     # what the target wrote, to read beside the numbers
+                entry["texts"] = [detokenize([int(x) for x in t]) for t in toks]
             entry["repetition"] = rep = repetition(prompts, toks)
             if rep["mean"] > LOOPING:
                 log(f"eval: WARNING the target loops: {rep['mean']:.0%} of its continuations' {rep['n']}-token "

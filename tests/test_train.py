@@ -392,7 +392,8 @@ def test_repetition_counts_windows_seen_earlier_in_the_same_sequence():
     prompt or earlier in the continuation; other prompts' windows do not count."""
     prompt = np.arange(10, 16)[None]                                           # 6 distinct tokens
     fresh = [list(range(20, 26))]                                              # nothing repeats
-    assert train.repetition(prompt, fresh, n=3) == {"n": 3, "mean": 0.0, "share_of_prompts_above_half": 0.0}
+    assert train.repetition(prompt, fresh, n=3) == {"n": 3, "mean": 0.0, "share_of_prompts_above_half": 0.0,
+                                                    "per_prompt": [0.0]}
     # the continuation copies the prompt: windows (10,11,12) .. (13,14,15) repeat, the two that straddle do not
     r = train.repetition(prompt, [list(range(10, 16))], n=3)
     assert np.isclose(r["mean"], 4 / 6)
@@ -404,6 +405,7 @@ def test_repetition_counts_windows_seen_earlier_in_the_same_sequence():
     # per prompt, then the mean: the second sequence's windows are not "seen" by the first's
     r = train.repetition(np.concatenate([prompt, prompt]), [list(range(10, 16)), list(range(20, 26))], n=3)
     assert np.isclose(r["mean"], (4 / 6 + 0) / 2) and r["share_of_prompts_above_half"] == 0.5
+    assert np.allclose(r["per_prompt"], [4 / 6, 0.0])
 
 
 def test_grow_drafter_drafts_as_before_and_trains_the_new_layers():
@@ -797,5 +799,6 @@ def test_evaluate_counts_characters_per_round():
     m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 6, 4, (), detokenize=one_char)
     assert set(m) == {"ar", "dflash"}
     assert m["ar"]["repetition"]["n"] == 8 and 0.0 <= m["ar"]["repetition"]["mean"] <= 1.0
+    assert m["ar"]["texts"] == ["x" * 6, "x" * 6] and "texts" not in m["dflash"]      # AR's continuations, as text
     for k, e in m.items():
         assert e["chars"] == e["tokens"] == 12 and np.isclose(e["chars_per_round"], e["tau"]), k
