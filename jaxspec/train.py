@@ -973,30 +973,41 @@ def repetition(prompts: np.ndarray, continuations: list[list[int]], n: int = 8) 
     continuation and occurred earlier in the same sequence (prompt + continuation so far). A target that
     repeats itself is easy to draft for, so a high tau with a high share measures the loop, not the drafter
     (session 21: a target at training loss 1.75 looped, 0.66 of its windows repeated, tau(DFlash) 5.9)."""
-    shares = []
+    per_prompt = []                                        # None where the continuation ends no window
     for p, c in zip(prompts, continuations):
         seq = [int(x) for x in p] + [int(x) for x in c]
         first = max(len(p) - n + 1, 0)                     # the first window that ends in the continuation
         windows = [tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)]
         if len(windows) <= first:
+            per_prompt.append(None)
             continue
         seen, hits = set(windows[:first]), 0
         for w in windows[first:]:
             hits += w in seen
             seen.add(w)
-        shares.append(hits / (len(windows) - first))
+        per_prompt.append(hits / (len(windows) - first))
+    shares = [x for x in per_prompt if x is not None]
     return {"n": n, "mean": float(np.mean(shares)) if shares else 0.0,
             "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0,
-            "per_prompt": [float(x) for x in shares]}
+            "per_prompt": per_prompt}
 
 
 LOOPING = 0.3     # mean repeated-window share above which eval warns that tau measures a looping target
+QUIET = 0.15      # a prompt whose AR continuation repeats at most this share of its windows counts as not looping
+
+
+def tau_where(tau_per_prompt: list[float], rounds_per_prompt: list[int], keep: list[bool]) -> float | None:
+    """tau over the prompts `keep` selects (tokens emitted over rounds, as for all prompts); None if none."""
+    r = sum(n for n, k in zip(rounds_per_prompt, keep) if k)
+    return sum(t * n for t, n, k in zip(tau_per_prompt, rounds_per_prompt, keep) if k) / r if r else None
 
 
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
              deadline: float | None = None, detokenize=None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
     tau, token identity to AR and decode time (each method timed on a second pass, after compilation).
+    Per prompt too (`tau_per_prompt`, `rounds_per_prompt`), and tau over the prompts whose AR continuation does
+    not loop (`not_looping`: repeated-window share <= QUIET), so that a looping target's tau can be read apart.
     With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
     characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`)."""
     from jaxspec.dflash import DFlash
@@ -1013,18 +1024,21 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
         t0 = time.perf_counter()
         eng.generate([list(map(int, prompts[0]))], max_new, max_len=max_len)          # compile
         compile_s = time.perf_counter() - t0
-        toks, decode, hist = [], 0.0, None
+        toks, decode, hist, per_tau, per_rounds = [], 0.0, None, [], []
         for p in prompts:
             r = eng.generate([list(map(int, p))], max_new, max_len=max_len)
             toks.append(r.tokens[0])
             decode += r.decode_s
             hist = r.hist if hist is None else hist + r.hist
+            per_tau.append(r.tau)
+            per_rounds.append(int(r.hist.sum()))
         key = name if budget is None else f"ddtree_b{budget}"
         rounds = int(hist.sum())
         tau = float((hist * np.arange(len(hist))).sum() / rounds) if rounds else 0.0
         entry = {"tau": tau, "rounds": rounds, "tokens": int(sum(len(t) for t in toks)), "decode_s": decode,
                  "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s,
-                 "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist)}
+                 "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist),
+                 "tau_per_prompt": per_tau, "rounds_per_prompt": per_rounds}
         if detokenize is not None:
             entry["chars"] = sum(len(detokenize([int(x) for x in t])) for t in toks)
             # tau in characters: the continuation's characters a token (the prefill's first token has no
@@ -1043,12 +1057,17 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             same = [a == b for a, b in zip(ar_tokens, toks)]
             entry["identical_to_ar"] = all(same)
             entry["identical_prompts"] = int(sum(same))
+            quiet = [x is not None and x <= QUIET for x in out["ar"]["repetition"]["per_prompt"]]
+            entry["not_looping"] = {"max_share": QUIET, "prompts": int(sum(quiet)),
+                                    "tau": tau_where(per_tau, per_rounds, quiet)}
             entry["speedup_vs_ar"] = out["ar"]["decode_s"] / max(decode, 1e-9)
         out[key] = entry
         log(f"eval {key}: tau {tau:.2f}"
             + (f" ({entry['chars_per_round']:.2f} chars/round)" if detokenize is not None else "")
             + f", {entry['tok_per_s']:.1f} tok/s"
-            + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}" if name != "ar" else ""))
+            + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}" if name != "ar" else "")
+            + (f"; tau {entry['not_looping']['tau']:.2f} on the {entry['not_looping']['prompts']} prompts that do not "
+               f"loop" if name != "ar" and entry["not_looping"]["tau"] is not None else ""))
     return out
 
 

@@ -406,6 +406,18 @@ def test_repetition_counts_windows_seen_earlier_in_the_same_sequence():
     r = train.repetition(np.concatenate([prompt, prompt]), [list(range(10, 16)), list(range(20, 26))], n=3)
     assert np.isclose(r["mean"], (4 / 6 + 0) / 2) and r["share_of_prompts_above_half"] == 0.5
     assert np.allclose(r["per_prompt"], [4 / 6, 0.0])
+    # too short to end a window: None for that prompt, left out of the mean, so per_prompt stays aligned
+    r = train.repetition(np.concatenate([prompt, prompt])[:, :1], [[1], list(range(20, 26))], n=3)
+    assert r["per_prompt"][0] is None and r["per_prompt"][1] == 0.0 and r["mean"] == 0.0
+
+
+def test_tau_where_weights_prompts_by_their_rounds():
+    """`tau_where`: tokens emitted over rounds on the chosen prompts, as tau is over all of them (not the mean of
+    the prompts' tau); None when no prompt is chosen."""
+    tau, rounds = [4.0, 1.0, 2.0], [10, 40, 20]               # 40, 40 and 40 tokens
+    assert np.isclose(train.tau_where(tau, rounds, [True, True, True]), 120 / 70)
+    assert np.isclose(train.tau_where(tau, rounds, [True, False, True]), 80 / 30)
+    assert train.tau_where(tau, rounds, [False, False, False]) is None
 
 
 def test_grow_drafter_drafts_as_before_and_trains_the_new_layers():
@@ -802,3 +814,8 @@ def test_evaluate_counts_characters_per_round():
     assert m["ar"]["texts"] == ["x" * 6, "x" * 6] and "texts" not in m["dflash"]      # AR's continuations, as text
     for k, e in m.items():
         assert e["chars"] == e["tokens"] == 12 and np.isclose(e["chars_per_round"], e["tau"]), k
+        # per prompt: the rounds add up and, weighted by them, the prompts' tau give the whole tau
+        assert len(e["tau_per_prompt"]) == 2 and sum(e["rounds_per_prompt"]) == e["rounds"], k
+        assert np.isclose(train.tau_where(e["tau_per_prompt"], e["rounds_per_prompt"], [True, True]), e["tau"]), k
+    quiet = sum(x is not None and x <= train.QUIET for x in m["ar"]["repetition"]["per_prompt"])
+    assert m["dflash"]["not_looping"]["prompts"] == quiet and "not_looping" not in m["ar"]
