@@ -19,6 +19,15 @@ round 30.86 -> 29.85 ms (bench/results/2026-11-30-h200-tree-delta-rule-default/)
 step keeps the xla solver (for N = 1 it is a rank-one update; the kernel was not timed there), as do
 trees beyond the kernel's 128 nodes.
 
+Peeling the root (`rooted=True`, on when JAXSPEC_TREE_DELTA_RULE_PEEL=1): the kernels work in tiles of 16
+nodes, so a DDTree(64) tree of 65 nodes runs as 80 rows, and on the H200 it cost 22.50 ms to verify against
+21.03 for 64 nodes, 1.07 ms of it in the tree delta rule (bench/results/2026-12-01-h200-s22-loop-graphs-v65).
+When the caller promises that node 0 is an ancestor of every node (the engine's trees: node 0 is the root,
+and DDTree's invalid nodes hang from it), the root's step runs alone as a rank-one update and the other
+N - 1 nodes as a tree of whole tiles from the state after it: exact, since each node's delta is the true
+per-token delta and the state after the root is what every other node starts from. Only where it saves a
+tile (the kernels, N = 16 t + 1 > 16); off by default until it is timed on the GPU.
+
 An explicit `implementation=` wins; else the environment variable JAXSPEC_TREE_DELTA_RULE (read when the
 caller is traced, so it reaches jaxspec/model.py, which passes no argument); else the default above.
 A forced implementation is used as is: forcing "pallas_triton" off the GPU, or beyond 128 nodes, fails.
@@ -26,10 +35,16 @@ A forced implementation is used as is: forcing "pallas_triton" off the GPU, or b
 
 from __future__ import annotations
 
+import os
+
+import jax
+import jax.numpy as jnp
+
 from pallas_kernels import dispatch
 from pallas_kernels.tree_delta_rule import pallas_triton, reference, xla
 
 ENV_VAR = "JAXSPEC_TREE_DELTA_RULE"
+PEEL_ENV_VAR = "JAXSPEC_TREE_DELTA_RULE_PEEL"
 IMPLEMENTATIONS = ("pallas_triton", "xla", "reference", "pallas_interpret")
 
 
@@ -39,15 +54,46 @@ def resolve(n: int, implementation: str | None = None) -> str:
     return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation, jnp_default="xla")
 
 
-def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None):
+def peels_root(n: int, name: str, rooted: bool, peel: bool | None = None) -> bool:
+    """Whether a block of n nodes run by implementation `name` runs its root alone (see the module doc)."""
+    peel = os.environ.get(PEEL_ENV_VAR, "0") == "1" if peel is None else peel
+    tile = pallas_triton.TILE
+    return rooted and peel and name.startswith("pallas") and n > tile and n % tile == 1
+
+
+def root_step(q0, k0, v0, g0, beta0, s0):
+    """The delta rule for one token from state s0 (q0, k0 [B, H, Dk]; v0 [B, H, Dv]; g0, beta0 [B, H]):
+    its output, its delta and the state after it, fp32."""
+    f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
+    q0, k0, v0, g0, beta0, s0 = (x.astype(f32) for x in (q0, k0, v0, g0, beta0, s0))
+    decay = jnp.exp(g0)[..., None]                                              # [B, H, 1]
+    read = jnp.einsum("bchk,bhkv->bchv", jnp.stack([q0, k0], 1), s0, precision=hi)  # q0 S0 and k0 S0, one pass
+    delta0 = beta0[..., None] * (v0 - decay * read[:, 1])
+    o0 = decay * read[:, 0] + jnp.sum(q0 * k0, -1, keepdims=True) * delta0
+    s1 = decay[..., None] * s0 + k0[..., :, None] * delta0[..., None, :]
+    return o0, delta0, s1
+
+
+def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None, rooted: bool = False,
+                    peel: bool | None = None):
     """One block of the gated delta rule on a tree (DESIGN.md section 2).
 
     q, k: [B, N, H, Dk] (q scaled, both l2-normalised, expanded to value heads); v: [B, N, H, Dv];
     g, beta: [B, N, H] log-decay and write strength; anc: [B, N, N] bool, anc[b, i, j] iff j is an
     ancestor-or-self of i (topological order); s0: [B, H, Dk, Dv] state entering the block.
+    rooted: the caller promises that node 0 is an ancestor of every node, which lets the kernels run the
+    root alone (`peels_root`; peel=None reads JAXSPEC_TREE_DELTA_RULE_PEEL).
     Returns o [B, N, H, Dv], delta [B, N, H, Dv], G [B, N, H], all fp32.
     """
-    name = resolve(q.shape[1], implementation)
+    n = q.shape[1]
+    name = resolve(n, implementation)
+    if peels_root(n, name, rooted, peel):
+        o0, delta0, s1 = root_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)
+        o, delta, G = tree_delta_rule(q[:, 1:], k[:, 1:], v[:, 1:], g[:, 1:], beta[:, 1:], anc[:, 1:, 1:], s1,
+                                      implementation=name)
+        g0 = g[:, :1].astype(jnp.float32)
+        return (jnp.concatenate([o0[:, None], o], 1), jnp.concatenate([delta0[:, None], delta], 1),
+                jnp.concatenate([g0, G + g0], 1))
     args = (q, k, v, g, beta, anc, s0)
     if name == "pallas_triton":
         return pallas_triton.tree_delta_rule(*args)
