@@ -30,7 +30,6 @@ import numpy as np
 from flax import nnx
 
 from bench import harness as H
-from bench import profile
 from bench.profile import device_time
 from jaxspec import drafter as DR
 from jaxspec import model as M
@@ -239,12 +238,11 @@ def main(argv=None):
                   lambda: eng._run.lower(eng.params, d[0], H.ENDLESS, args.rounds).compile().as_text()))
         out = {}
         for name, fn, calls, per, hlo in forms:
-            index = profile.HloIndex(hlo())
+            text = hlo()
             jax.block_until_ready(fn())
-            with profile.trace(fn, calls) as xplane:
-                if xplane is None:
-                    raise RuntimeError(f"--trace-ar: the profiler wrote no trace for {name}")
-                s = profile.summarize(profile.load_events(xplane)[0], index, per, top=12)
+            s = H.profile_steps(fn, calls, None, text, None, name, per=per, top=12)
+            if "error" in s:
+                raise RuntimeError(f"--trace-ar: {s['error']} for {name}")
             out[name] = {k: s[k] for k in ("kernel_ms_per_step", "span_ms_per_step", "gap_ms_per_step",
                                            "kernels_per_step", "gemm_ms_per_step", "other_kernels_ms_per_step")}
             out[name]["by_part_ms"] = {k: v["ms_per_step"] for k, v in s["by_part"].items()}

@@ -228,3 +228,16 @@ def test_tree_build_bench_times_each_budget(tmp_path, monkeypatch, capsys):
     assert "--budgets" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--variants"):
         tree_build.main(["--variants", "fast"])
+
+
+def test_verify_profile_charges_a_tree_verify_to_parts(tmp_path):
+    """bench.verify_profile on the tiny config (on a CPU, the host's XLA thunks are the kernels): a 17-node
+    DDTree-shaped verify, profiled, its time charged to parts and written as verify-tree17.json."""
+    from bench import verify_profile
+    verify_profile.main(["--config", "tiny", "--context", "32", "--nodes", "17", "--tree", "--steps", "1",
+                         "--out", str(tmp_path)])
+    d = json.loads((tmp_path / "verify-tree17.json").read_text())
+    assert d["nodes"] == 17 and d["tree"] and d["phase"] == "verify"
+    assert d["kernel_ms_per_step"] > 0 and d["kernels_per_step"] > 0 and d["top_kernels"]
+    assert abs(sum(p["ms_per_step"] for p in d["by_part"].values()) - d["kernel_ms_per_step"]) < 1e-6 * max(
+        1.0, d["kernel_ms_per_step"]) + 1e-3
