@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 
 from pallas_kernels import dispatch
@@ -61,19 +60,6 @@ def peels_root(n: int, name: str, rooted: bool, peel: bool | None = None) -> boo
     return rooted and peel and name.startswith("pallas") and n > tile and n % tile == 1
 
 
-def root_step(q0, k0, v0, g0, beta0, s0):
-    """The delta rule for one token from state s0 (q0, k0 [B, H, Dk]; v0 [B, H, Dv]; g0, beta0 [B, H]):
-    its output, its delta and the state after it, fp32."""
-    f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
-    q0, k0, v0, g0, beta0, s0 = (x.astype(f32) for x in (q0, k0, v0, g0, beta0, s0))
-    decay = jnp.exp(g0)[..., None]                                              # [B, H, 1]
-    read = jnp.einsum("bchk,bhkv->bchv", jnp.stack([q0, k0], 1), s0, precision=hi)  # q0 S0 and k0 S0, one pass
-    delta0 = beta0[..., None] * (v0 - decay * read[:, 1])
-    o0 = decay * read[:, 0] + jnp.sum(q0 * k0, -1, keepdims=True) * delta0
-    s1 = decay[..., None] * s0 + k0[..., :, None] * delta0[..., None, :]
-    return o0, delta0, s1
-
-
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None, rooted: bool = False,
                     peel: bool | None = None):
     """One block of the gated delta rule on a tree (DESIGN.md section 2).
@@ -88,11 +74,13 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = N
     n = q.shape[1]
     name = resolve(n, implementation)
     if peels_root(n, name, rooted, peel):
-        o0, delta0, s1 = root_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)
+        # the root: the one-node step (as in AR decode), then the state after it
+        root = (q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], anc[:, :1, :1])
+        o0, delta0, g0 = xla.tree_delta_rule(*root, s0)
+        s1 = reference.state_at(s0, k[:, :1], delta0, g0, anc[:, 0, :1], g0[:, 0])
         o, delta, G = tree_delta_rule(q[:, 1:], k[:, 1:], v[:, 1:], g[:, 1:], beta[:, 1:], anc[:, 1:, 1:], s1,
                                       implementation=name)
-        g0 = g[:, :1].astype(jnp.float32)
-        return (jnp.concatenate([o0[:, None], o], 1), jnp.concatenate([delta0[:, None], delta], 1),
+        return (jnp.concatenate([o0, o], 1), jnp.concatenate([delta0, delta], 1),
                 jnp.concatenate([g0, G + g0], 1))
     args = (q, k, v, g, beta, anc, s0)
     if name == "pallas_triton":
