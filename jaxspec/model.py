@@ -227,13 +227,10 @@ def cached_tree_attention(q, keys, values, start, anc):
 
 def _tree_delta_rule(q, k, v, g, beta, anc, s0):
     """The Pallas kernels run per shard: under a mesh with a tensor- or data-parallel axis they go through
-    shard_map over (batch, heads); the jnp solvers are partitioned by GSPMD like the rest of the model.
-    Every block here is rooted at node 0 (a Tree's root; DDTree's invalid nodes hang from it; a chunk's
-    first token), which lets the kernels run the root alone (tree_delta_rule's `rooted`)."""
-    op = functools.partial(tree_delta_rule, rooted=True)
+    shard_map over (batch, heads); the jnp solvers are partitioned by GSPMD like the rest of the model."""
     if resolve(q.shape[1]) in ("pallas_triton", "pallas_interpret"):
-        return sharding.per_shard(op, q, k, v, g, beta, anc, s0)
-    return op(q, k, v, g, beta, anc, s0)
+        return sharding.per_shard(tree_delta_rule, q, k, v, g, beta, anc, s0)
+    return tree_delta_rule(q, k, v, g, beta, anc, s0)
 
 
 def delta_rule(q, k, v, g, beta, tree: Tree, s0):

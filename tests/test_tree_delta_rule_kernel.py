@@ -193,58 +193,6 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-def test_peels_root_only_where_it_saves_a_tile(monkeypatch):
-    """The root runs alone only when promised (rooted), asked for (peel or the environment), on the kernels,
-    and for N = 16 t + 1 > 16 nodes, where it leaves whole tiles."""
-    monkeypatch.delenv(api.PEEL_ENV_VAR, raising=False)
-    assert not api.peels_root(65, "pallas_triton", rooted=True)                  # off by default
-    monkeypatch.setenv(api.PEEL_ENV_VAR, "1")
-    assert api.peels_root(65, "pallas_triton", True) and api.peels_root(17, "pallas_interpret", True)
-    assert not api.peels_root(65, "pallas_triton", rooted=False)
-    assert not any(api.peels_root(n, "pallas_triton", True) for n in (1, 16, 17 + 1, 64, 66))
-    assert not api.peels_root(65, "xla", True) and not api.peels_root(65, "reference", True)
-    assert not api.peels_root(65, "pallas_triton", True, peel=False)          # the argument wins
-
-
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-@pytest.mark.parametrize("n", [17, 65])
-def test_peeled_root_matches_reference(seed, n, shape, monkeypatch):
-    """Node 0 alone (a rank-one update), then the other N - 1 nodes as whole tiles from the state after it:
-    o, delta and G as the reference's for the whole block, and the kernel really ran on N - 1 nodes."""
-    calls = []
-    kernel = pallas_triton.tree_delta_rule
-    monkeypatch.setattr(pallas_triton, "tree_delta_rule", lambda *a, **kw: calls.append(a[0].shape[1]) or kernel(*a, **kw))
-    args, _ = make_inputs(seed, Spec(2, n, 3, 16, 24, shape))
-    out = api.tree_delta_rule(*args, implementation="pallas_interpret", rooted=True, peel=True)
-    assert calls == [n - 1]
-    assert_matches(out, reference.tree_delta_rule(*args))
-    # and the state after the last node, rebuilt from (S0, k, delta, G) as commit does, is the reference's
-    q, k, v, g, beta, anc, s0 = args
-    ref = reference.tree_delta_rule(*args)
-    s_out = reference.state_at(s0, k, out[1], out[2], anc[:, -1], out[2][:, -1])
-    s_ref = reference.state_at(s0, k, ref[1], ref[2], anc[:, -1], ref[2][:, -1])
-    assert rel_err(s_out, s_ref) < BOUND
-
-
-def test_model_peels_the_root_when_asked(seed, monkeypatch):
-    """jaxspec/model.py promises rooted blocks: with JAXSPEC_TREE_DELTA_RULE_PEEL=1 a DDTree-sized tree of
-    65 nodes runs the kernel on 64 and matches the reference."""
-    from jaxspec import tree as tree_lib
-    from jaxspec.model import delta_rule
-
-    calls = []
-    kernel = pallas_triton.tree_delta_rule
-    monkeypatch.setattr(pallas_triton, "tree_delta_rule", lambda *a, **kw: calls.append(a[0].shape[1]) or kernel(*a, **kw))
-    args, parent = make_inputs(seed, Spec(1, 65, 2, 16, 16, "tree"))
-    tree = tree_lib.from_parents(jnp.asarray(parent))
-    q, k, v, g, beta, anc, s0 = args
-    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
-    monkeypatch.setenv(api.PEEL_ENV_VAR, "1")
-    out = jax.jit(lambda *a: delta_rule(*a, tree, s0))(q, k, v, g, beta)
-    assert calls == [64]
-    assert_matches(out[:3], reference.tree_delta_rule(*args))
-
-
 @pytest.mark.parametrize("n", [1, 65])
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
 def test_triton_lowering(n, precision):
@@ -332,20 +280,6 @@ def test_gpu_default_dispatch(seed, n, monkeypatch):
     hlo = fn.lower(*args).as_text()
     assert hlo.count("__gpu$xla.gpu.triton") == (2 if n >= 2 else 0) and "triangular_solve" not in hlo
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
-
-
-@on_gpu
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_gpu_peeled_root(seed, shape, monkeypatch):
-    """The DDTree(64) tree of 65 nodes with its root run alone: the kernels on 64 nodes (no pad to 80)."""
-    calls = []
-    kernel = pallas_triton.tree_delta_rule
-    monkeypatch.setattr(pallas_triton, "tree_delta_rule", lambda *a, **kw: calls.append(a[0].shape[1]) or kernel(*a, **kw))
-    args, _ = make_inputs(seed, Spec(2, 65, shape=shape, **REAL))
-    fn = jax.jit(lambda *a: api.tree_delta_rule(*a, implementation="pallas_triton", rooted=True, peel=True))
-    out = fn(*args)
-    assert calls == [64]
-    assert_matches(out, jax.jit(reference.tree_delta_rule)(*args))
 
 
 @on_gpu
