@@ -126,7 +126,9 @@ def main(argv=None):
                     help="committed tokens before the timed rounds; a comma list (1024,32768,131072) times every "
                          "phase at each, with one cache length (the largest) so each function compiles once")
     ap.add_argument("--budgets", default="16,32,64,128,256,512", help="DDTree budgets for tree build timing")
-    ap.add_argument("--round-budget", type=int, default=64, help="DDTree budget of the timed round")
+    ap.add_argument("--round-budget", default="64",
+                    help="DDTree budget of the timed round; a comma list (63,64,79) times a round at each, in one "
+                         "process (phases ddtree{B}_round)")
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
     ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing")
     ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time")
@@ -162,10 +164,16 @@ def main(argv=None):
         _, cfg = H.resolve_config(args.config, args.dtype)
         dcfg = qwen36_27b_dflash(args.dtype) if args.config == "real" else tiny_drafter(cfg)
     budgets = [int(b) for b in args.budgets.split(",") if b]
+    try:
+        round_budgets = [int(b) for b in args.round_budget.split(",") if b]
+    except ValueError:
+        ap.error(f"--round-budget {args.round_budget!r}: expected budgets like 64 or 63,64,79")
+    if not round_budgets or min(round_budgets) < 1:
+        ap.error(f"--round-budget {args.round_budget!r}: expected budgets >= 1")
     bs = dcfg.block_size
     contexts = H.parse_contexts(ap, "--context", args.context)
     # Room for the timed calls: k commits of up to a block each, the rounds, the largest tree.
-    need = max(contexts) + (args.k + 1) * bs + args.rounds * (max([args.round_budget, bs] + budgets) + 1) + 2
+    need = max(contexts) + (args.k + 1) * bs + args.rounds * (max(round_budgets + [bs] + budgets) + 1) + 2
     max_len = args.max_len or max(max(contexts) + 64 * args.rounds * 8 + 1100, need)
     if max_len < need:
         ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context + (k + 1) blocks + rounds x "
@@ -341,9 +349,10 @@ def main(argv=None):
                 log(f"tree_build {ph['tree_build']}")
             else:
                 del ph["tree_build"]
-            tr = build_tree(logp, pending, args.round_budget)
-            verify_phases(tr.tokens, tr.tree, f"tree{args.round_budget + 1}")
-            engine_rounds(lambda: DFlash(drafter, cfg, budget=args.round_budget), f"ddtree{args.round_budget}_round")
+            for b in round_budgets:
+                tr = build_tree(logp, pending, b)
+                verify_phases(tr.tokens, tr.tree, f"tree{b + 1}")
+                engine_rounds(lambda b=b: DFlash(drafter, cfg, budget=b), f"ddtree{b}_round")
 
         if "mtp" in groups:
             # MTP phases: the checkpoint's head (random weights at the target's shape), its cache at the context.

@@ -169,6 +169,24 @@ def test_rounds_phases_and_partial_json(tmp_path):
 
 
 @pytest.mark.slow
+def test_rounds_times_a_ddtree_round_at_each_round_budget(tmp_path, capsys):
+    """--round-budget 3,5: one process times a DDTree round at each budget (one phase each); bad lists are
+    refused by the flag's name."""
+    from bench import rounds
+    out = tmp_path / "rounds.json"
+    rounds.main(["--config", "tiny", "--context", "32", "--phases", "ddtree", "--rounds-only", "--round-budget", "3,5",
+                 "--k", "1", "--rounds", "2", "--out", str(out)])
+    ph = json.loads(out.read_text())["phases"]
+    assert set(ph) == {"ar_step", "draft", "ddtree3_round", "ddtree5_round"}, sorted(ph)
+    for key in ("ddtree3_round", "ddtree5_round"):
+        _positive(ph[key], "median_ms", "queued_median_ms")
+    for bad in ("x", "0", "", "4,-1"):
+        with pytest.raises(SystemExit):
+            rounds.main(["--config", "tiny", "--phases", "ddtree", "--round-budget", bad])
+        assert "--round-budget" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path):
     """--trace-ar: both AR forms profiled (on a CPU, the host's XLA thunks), per step / round, and their
     difference by part; without the ar group it is refused."""
