@@ -22,6 +22,13 @@ METHODS = ("ar", "dflash", "ddtree", "mtp")
 DEMO_ENV = "JAXSPEC_DEMO_DIR"
 
 
+# 63 draft nodes + the root verify as 64 rows: on the H200 a real-shape DDTree round costs 24.20 ms at 63 and 26.14
+# at 64 (65 rows run the tree delta rule as 80 and move XLA's MLP to other cuBLAS kernels), for one fewer node, the
+# least likely; the demo pair's tau per round is then 3.28 against 3.29
+# (bench/results/2026-12-02-h200-s24-tiles-eval64/).
+DEFAULT_BUDGET = 63
+
+
 def demo_dir() -> Path:
     """Where the demo pair lives: $JAXSPEC_DEMO_DIR, else jaxspec/demo (target/ and drafter/)."""
     return Path(os.environ.get(DEMO_ENV) or Path(__file__).resolve().parent / "demo")
@@ -58,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
                    help="DFlash/DDTree block size: the anchor plus block_size - 1 drafted depths "
                         "(default: the drafter's)")
     p.add_argument("--budget", type=int, default=None,
-                   help="DDTree: draft tree nodes beyond the root (default: 64)")
+                   help=f"DDTree: draft tree nodes beyond the root (default: {DEFAULT_BUDGET}: with the root, 64 "
+                        "rows a verify, one 16-row tile of the tree kernels fewer than 65)")
     p.add_argument("--mtp-tokens", type=int, default=None,
                    help="MTP: tokens the checkpoint's own MTP head drafts per round (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
@@ -100,7 +108,7 @@ def main(argv=None) -> int:
         parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
     if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size):
         parser().error("--draft/--block-size only apply to --method dflash or ddtree")
-    for flag, attr, method, default in (("--budget", "budget", "ddtree", 64), ("--mtp-tokens", "mtp_tokens", "mtp", 3)):
+    for flag, attr, method, default in (("--budget", "budget", "ddtree", DEFAULT_BUDGET), ("--mtp-tokens", "mtp_tokens", "mtp", 3)):
         # A count that belongs to one method: refused elsewhere, defaulted there, at least 1.
         if getattr(args, attr) is not None and args.method != method:
             parser().error(f"{flag} only applies to --method {method}")
@@ -200,7 +208,7 @@ def main(argv=None) -> int:
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)
-    print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {args.method}; prompt {len(ids)} tokens]",
+    print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {_label(args, args.method)}; prompt {len(ids)} tokens]",
           file=sys.stderr)
 
     sys.stdout.write(args.prompt if not args.chat else "")
@@ -234,6 +242,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def _label(args, method: str) -> str:
+    return f"{method} (budget {args.budget})" if method == "ddtree" else method
+
+
 def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     """The demo: AR and DDTree on the same prompt, each compiled first and then timed; the DDTree text, tau
     and the speedup."""
@@ -254,7 +266,7 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     sys.stdout.write(args.prompt + tok.decode(res.tokens[0]) + "\n")
     for name, (r, compile_s) in runs.items():
         n = r.n_tokens
-        label = f"{name} (budget {args.budget})" if name == "ddtree" else name
+        label = _label(args, name)
         print(f"[{label}: {n} tokens in {r.decode_s:.3f}s ({n / max(r.decode_s, 1e-9):.1f} tok/s; compiled in "
               f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {int(r.rounds.sum())} rounds]",
               file=sys.stderr)

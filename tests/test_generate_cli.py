@@ -66,7 +66,11 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     assert "acceptance histogram" in dflash.err and "12 tokens" in dflash.err
     assert main(args + ["--method", "ddtree", "--draft", str(draft), "--budget", "9"]) == 0
     ddtree = capsys.readouterr()
-    assert ddtree.out == ar.out and "method ddtree" in ddtree.err
+    assert ddtree.out == ar.out and "method ddtree (budget 9)" in ddtree.err
+    # Without --budget: 63 nodes beyond the root, so that a verify is 64 rows (the tree kernels' 16-row tiles).
+    assert main(args + ["--method", "ddtree", "--draft", str(draft)]) == 0
+    ddtree = capsys.readouterr()
+    assert ddtree.out == ar.out and "method ddtree (budget 63)" in ddtree.err
 
 
 def test_bad_model_dirs(dirs, tmp_path, capsys):
