@@ -65,8 +65,8 @@ def parser() -> argparse.ArgumentParser:
                    help="DFlash/DDTree block size: the anchor plus block_size - 1 drafted depths "
                         "(default: the drafter's)")
     p.add_argument("--budget", type=int, default=None,
-                   help=f"DDTree: draft tree nodes beyond the root (default: {DEFAULT_BUDGET}: with the root, 64 "
-                        "rows a verify, one 16-row tile of the tree kernels fewer than 65)")
+                   help=f"DDTree: draft tree nodes beyond the root (default: {DEFAULT_BUDGET}; with the root a verify "
+                        "is then 64 rows, a whole number of the GPU kernels' 16-row tiles)")
     p.add_argument("--mtp-tokens", type=int, default=None,
                    help="MTP: tokens the checkpoint's own MTP head drafts per round (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
