@@ -27,6 +27,16 @@ DEMO_ENV = "JAXSPEC_DEMO_DIR"
 # least likely; the demo pair's tau per round is then 3.28 against 3.29
 # (bench/results/2026-12-02-h200-s24-tiles-eval64/).
 DEFAULT_BUDGET = 63
+# On a CPU a verify costs in proportion to its rows (the demo target is compute-bound there), so a small tree wins:
+# the demo pair's DDTree at budgets 4 / 8 / 16 / 63 ran at 0.55x / 0.58x / 0.63x / 0.35x AR's speed on 16 held-out
+# prompts, tau 2.31 / 2.66 / 2.93 / 3.28 (bench/results/2026-12-02-cpu-s25-budgets/).
+CPU_BUDGET = 16
+MTP_TOKENS = 3
+
+
+def default_budget(backend: str) -> int:
+    """--budget's default on `backend` (jax.default_backend())."""
+    return CPU_BUDGET if backend == "cpu" else DEFAULT_BUDGET
 
 
 def demo_dir() -> Path:
@@ -65,10 +75,11 @@ def parser() -> argparse.ArgumentParser:
                    help="DFlash/DDTree block size: the anchor plus block_size - 1 drafted depths "
                         "(default: the drafter's)")
     p.add_argument("--budget", type=int, default=None,
-                   help=f"DDTree: draft tree nodes beyond the root (default: {DEFAULT_BUDGET}; with the root a verify "
-                        "is then 64 rows, a whole number of the GPU kernels' 16-row tiles)")
+                   help=f"DDTree: draft tree nodes beyond the root (default: {DEFAULT_BUDGET} on a GPU, where with "
+                        f"the root a verify is 64 rows, a whole number of the kernels' 16-row tiles; {CPU_BUDGET} on "
+                        "a CPU, where each row costs compute)")
     p.add_argument("--mtp-tokens", type=int, default=None,
-                   help="MTP: tokens the checkpoint's own MTP head drafts per round (default: 3)")
+                   help=f"MTP: tokens the checkpoint's own MTP head drafts per round (default: {MTP_TOKENS})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
                    help="context length to allocate (default: prompt + max-new-tokens + tree size)")
@@ -108,12 +119,10 @@ def main(argv=None) -> int:
         parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
     if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size):
         parser().error("--draft/--block-size only apply to --method dflash or ddtree")
-    for flag, attr, method, default in (("--budget", "budget", "ddtree", DEFAULT_BUDGET), ("--mtp-tokens", "mtp_tokens", "mtp", 3)):
-        # A count that belongs to one method: refused elsewhere, defaulted there, at least 1.
+    for flag, attr, method in (("--budget", "budget", "ddtree"), ("--mtp-tokens", "mtp_tokens", "mtp")):
+        # A count that belongs to one method: refused elsewhere, at least 1 (defaulted below).
         if getattr(args, attr) is not None and args.method != method:
             parser().error(f"{flag} only applies to --method {method}")
-        if args.method == method and getattr(args, attr) is None:
-            setattr(args, attr, default)
         if getattr(args, attr) is not None and getattr(args, attr) < 1:
             parser().error(f"{flag} must be >= 1, got {getattr(args, attr)}")
 
@@ -132,7 +141,11 @@ def main(argv=None) -> int:
     from jaxspec.tokenizer import load_tokenizer
 
     if args.distributed:
-        jax.distributed.initialize()
+        jax.distributed.initialize()                  # before anything starts a backend
+    if args.method == "ddtree" and args.budget is None:
+        args.budget = default_budget(jax.default_backend())
+    if args.method == "mtp" and args.mtp_tokens is None:
+        args.mtp_tokens = MTP_TOKENS
     mesh = None
     if args.tp * args.dp > 1:
         try:

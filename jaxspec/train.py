@@ -992,8 +992,39 @@ def repetition(prompts: np.ndarray, continuations: list[list[int]], n: int = 8) 
             "per_prompt": per_prompt}
 
 
+def _ngram_hashes(seq: np.ndarray, n: int) -> np.ndarray:
+    """uint64 hash of each n-token window of `seq` (polynomial, wrapping): equal windows, equal hashes."""
+    seq = np.asarray(seq, np.uint64)
+    if len(seq) < n:
+        return np.zeros(0, np.uint64)
+    h = np.zeros(len(seq) - n + 1, np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * np.uint64(1_000_003) + seq[j:len(seq) - n + 1 + j] + np.uint64(1)
+    return h
+
+
+def recitation(prompts: np.ndarray, continuations: list[list[int]], corpus: list[np.ndarray], n: int = 16) -> dict:
+    """How much the continuations recite the target's training text: for each prompt, the share of the n-token
+    windows that end in its continuation and occur verbatim in one of the `corpus` documents (token ids). A
+    target that continues held-out code with text it memorised is easy to draft for once the drafter has memorised
+    the same text, so a high tau with a high share measures the memory, not the drafting (session 25: a target
+    at training loss 0.05 recited ~half of its continuations' 32-character windows, the shipped one ~a fifth)."""
+    known = np.unique(np.concatenate([_ngram_hashes(d, n) for d in corpus] + [np.zeros(0, np.uint64)]))
+    per_prompt = []                                        # None where the continuation ends no window
+    for p, c in zip(prompts, continuations):
+        seq = np.concatenate([np.asarray(p, np.int64), np.asarray(c, np.int64)])
+        h = _ngram_hashes(seq, n)[max(len(p) - n + 1, 0):]
+        per_prompt.append(float(np.isin(h, known).mean()) if len(h) else None)
+    shares = [x for x in per_prompt if x is not None]
+    return {"n": n, "mean": float(np.mean(shares)) if shares else 0.0,
+            "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0,
+            "per_prompt": per_prompt}
+
+
 LOOPING = 0.3     # mean repeated-window share above which eval warns that tau measures a looping target
 QUIET = 0.15      # a prompt whose AR continuation repeats at most this share of its windows counts as not looping
+FRESH = 0.25      # ... and as not reciting where at most this share of its windows are in the training text
 
 
 def tau_where(tau_per_prompt: list[float], rounds_per_prompt: list[int], keep: list[bool]) -> float | None:
@@ -1003,13 +1034,15 @@ def tau_where(tau_per_prompt: list[float], rounds_per_prompt: list[int], keep: l
 
 
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
-             deadline: float | None = None, detokenize=None) -> dict:
+             deadline: float | None = None, detokenize=None, corpus: list[np.ndarray] | None = None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
     tau, token identity to AR and decode time (each method timed on a second pass, after compilation).
     Per prompt too (`tau_per_prompt`, `rounds_per_prompt`), and tau over the prompts whose AR continuation does
     not loop (`not_looping`: repeated-window share <= QUIET), so that a looping target's tau can be read apart.
     With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
-    characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`)."""
+    characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`). With `corpus` (the
+    target's training documents, token ids), also how much AR's continuations recite it (`ar.recitation`) and tau
+    over the prompts whose continuation does not (`not_reciting`: recited-window share <= FRESH)."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import Engine
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
@@ -1052,6 +1085,10 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             if rep["mean"] > LOOPING:
                 log(f"eval: WARNING the target loops: {rep['mean']:.0%} of its continuations' {rep['n']}-token "
                     f"windows repeat earlier ones; tau measures the loop more than the drafter")
+            if corpus is not None:
+                entry["recitation"] = rec = recitation(prompts, toks, corpus)
+                log(f"eval: {rec['mean']:.0%} of the target's continuations' {rec['n']}-token windows are in its "
+                    f"training text")
             entry.update(greedy_diagnostics(target, drafter, prompts, toks))
         else:
             same = [a == b for a, b in zip(ar_tokens, toks)]
@@ -1060,6 +1097,10 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             quiet = [x is not None and x <= QUIET for x in out["ar"]["repetition"]["per_prompt"]]
             entry["not_looping"] = {"max_share": QUIET, "prompts": int(sum(quiet)),
                                     "tau": tau_where(per_tau, per_rounds, quiet)}
+            if corpus is not None:
+                fresh = [x is not None and x <= FRESH for x in out["ar"]["recitation"]["per_prompt"]]
+                entry["not_reciting"] = {"max_share": FRESH, "prompts": int(sum(fresh)),
+                                         "tau": tau_where(per_tau, per_rounds, fresh)}
             entry["speedup_vs_ar"] = out["ar"]["decode_s"] / max(decode, 1e-9)
         out[key] = entry
         log(f"eval {key}: tau {tau:.2f}"
@@ -1067,7 +1108,9 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             + f", {entry['tok_per_s']:.1f} tok/s"
             + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}" if name != "ar" else "")
             + (f"; tau {entry['not_looping']['tau']:.2f} on the {entry['not_looping']['prompts']} prompts that do not "
-               f"loop" if name != "ar" and entry["not_looping"]["tau"] is not None else ""))
+               f"loop" if name != "ar" and entry["not_looping"]["tau"] is not None else "")
+            + (f"; tau {entry['not_reciting']['tau']:.2f} on the {entry['not_reciting']['prompts']} that do not "
+               f"recite" if name != "ar" and entry.get("not_reciting", {}).get("tau") is not None else ""))
     return out
 
 
@@ -1299,7 +1342,7 @@ def run_pair(args) -> int:
     if args.no_eval:
         results["eval"] = {"skipped": "--no-eval (run `python -m jaxspec.train eval` on the unpacked pair)"}
     else:
-        evaluate_pair(results, s, args, held_docs, tdir, ddir, t_start + budget)
+        evaluate_pair(results, s, args, held_docs, docs, tdir, ddir, t_start + budget)
     results["wall_s"] = time.time() - t_start
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     shutil.copyfile(out / "results.json", pair / "results.json")
@@ -1310,8 +1353,9 @@ def run_pair(args) -> int:
     return 0
 
 
-def evaluate_pair(results, s, args, held_docs, tdir, ddir, deadline):
-    """The pair's held-out evaluation (results["eval"]), on its exported files, until `deadline`."""
+def evaluate_pair(results, s, args, held_docs, train_docs, tdir, ddir, deadline):
+    """The pair's held-out evaluation (results["eval"]), on its exported files, until `deadline`; recitation
+    measured against the target's training documents `train_docs`."""
     from convert.drafter import load_drafter
     from convert.hf import load_target
     from jaxspec.tokenizer import load_tokenizer
@@ -1324,7 +1368,8 @@ def evaluate_pair(results, s, args, held_docs, tdir, ddir, deadline):
                        "matmul_precision": "highest"}
     with jax.default_matmul_precision("highest"):
         results["eval"]["methods"] = evaluate(target, drafter, eval_prompts, s.eval_new, s.block, tuple(s.budgets),
-                                              deadline=deadline, detokenize=load_tokenizer(tdir).decode)
+                                              deadline=deadline, detokenize=load_tokenizer(tdir).decode,
+                                              corpus=train_docs)
 
 
 def rebuild(cls, cfg, params):
@@ -1463,6 +1508,17 @@ def seen_by_pair(files: list[Path], results: dict, stdlib_root=None) -> list[Pat
     return [f for f in files if stdlib_name(f, stdlib_root) in seen]
 
 
+def trained_on(results: dict, stdlib_root=None) -> tuple[list[Path], int]:
+    """The stdlib files a `pair` run (its results.json) trained its target on that this machine has, and how many
+    it lists (another Python may lack a few). Package files are not named in results.json, so not among them."""
+    names = results.get("corpus", {}).get("stdlib_files")
+    if names is None:
+        raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
+    root = Path(stdlib_root or sysconfig.get_paths()["stdlib"])
+    listed = sorted(set(names["train"]))
+    return [root / n for n in listed if (root / n).is_file()], len(listed)
+
+
 def run_eval(args) -> int:
     from convert.drafter import load_draft
     from convert.store import load_model
@@ -1472,10 +1528,12 @@ def run_eval(args) -> int:
                     ("--budgets", min(args.budgets, default=1))):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
-    files, left_out = text_files(args.text), []
+    files, left_out, trained, listed = text_files(args.text), [], None, 0
     if args.unseen_by:
         try:
-            left_out = set(seen_by_pair(files, json.loads(Path(args.unseen_by).read_text())))
+            pair_results = json.loads(Path(args.unseen_by).read_text())
+            left_out = set(seen_by_pair(files, pair_results))
+            trained, listed = trained_on(pair_results)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--unseen-by {args.unseen_by}: {e}") from None
         files = [f for f in files if f not in left_out]
@@ -1486,13 +1544,18 @@ def run_eval(args) -> int:
     target = load_model(args.target, dtype=args.dtype)
     drafter = load_draft(args.draft, dtype=args.dtype)
     tok = load_tokenizer(args.target)
+    corpus = None
+    if trained is not None:
+        corpus = text_docs(tok, trained)
+        log(f"eval: recitation measured against {len(trained)} of the {listed} stdlib files the target trained on "
+            f"({sum(map(len, corpus)) / 1e6:.2f} M tokens)")
     try:
         prompts = prompts_from(text_docs(tok, files), args.prompts, args.prompt_len, args.seed)
     except ValueError as e:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
         methods = evaluate(target, drafter, prompts, args.max_new, drafter.cfg.block_size, tuple(args.budgets),
-                           detokenize=tok.decode)
+                           detokenize=tok.decode, corpus=corpus)
     result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
                       "no stop; tau = tokens committed per verify round",
               "commit": git_commit(), "machine": machine(), "jax": jax.__version__,
@@ -1500,7 +1563,10 @@ def run_eval(args) -> int:
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],
-                          **({"unseen_by": str(args.unseen_by), "left_out": sorted(map(str, left_out))}
+                          **({"unseen_by": str(args.unseen_by), "left_out": sorted(map(str, left_out)),
+                              "recitation_corpus": {"stdlib_files_found": len(trained), "stdlib_files_listed": listed,
+                                                    "package_files_not_included": pair_results["corpus"].get(
+                                                        "package_files", {}).get("target", 0)}}
                              if args.unseen_by else {})},
               "methods": methods}
     out = Path(args.out)
@@ -1624,7 +1690,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     e.add_argument("--unseen-by", metavar="RESULTS_JSON",
                    help="a `pair` run's results.json: leave out the --text files of the stdlib that its target "
-                        "trained on or its drafter's prompts came from (their names are in corpus.stdlib_files)")
+                        "trained on or its drafter's prompts came from (their names are in corpus.stdlib_files); "
+                        "and measure how much the target's continuations recite the files it trained on (those this "
+                        "Python has): ar.recitation, and tau where a prompt's continuation does not (not_reciting)")
     e.set_defaults(func=run_eval)
     return p
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from conftest import make_causal_lm
@@ -67,10 +68,18 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     assert main(args + ["--method", "ddtree", "--draft", str(draft), "--budget", "9"]) == 0
     ddtree = capsys.readouterr()
     assert ddtree.out == ar.out and "method ddtree (budget 9)" in ddtree.err
-    # Without --budget: 63 nodes beyond the root, so that a verify is 64 rows (the tree kernels' 16-row tiles).
+    # Without --budget, on this CPU: 16 nodes beyond the root (a CPU verify costs compute per row).
+    assert jax.default_backend() == "cpu"
     assert main(args + ["--method", "ddtree", "--draft", str(draft)]) == 0
     ddtree = capsys.readouterr()
-    assert ddtree.out == ar.out and "method ddtree (budget 63)" in ddtree.err
+    assert ddtree.out == ar.out and "method ddtree (budget 16)" in ddtree.err
+
+
+def test_default_budget_per_backend():
+    """63 nodes beyond the root on a GPU, so that a verify is 64 rows (the tree kernels' 16-row tiles); 16 on a
+    CPU, where the demo pair's DDTree ran fastest at 16 of 4 / 8 / 16 / 63."""
+    from jaxspec.generate import default_budget
+    assert default_budget("gpu") == default_budget("cuda") == 63 and default_budget("cpu") == 16
 
 
 def test_bad_model_dirs(dirs, tmp_path, capsys):

@@ -411,6 +411,29 @@ def test_repetition_counts_windows_seen_earlier_in_the_same_sequence():
     assert r["per_prompt"][0] is None and r["per_prompt"][1] == 0.0 and r["mean"] == 0.0
 
 
+def test_recitation_counts_windows_found_in_a_training_document():
+    """`recitation`: the share of the n-token windows ending in the continuation that occur inside one of the
+    corpus documents; windows across two documents, or found only in the prompt, do not count."""
+    corpus = [np.arange(100, 120), np.arange(200, 210)]
+    prompt = np.arange(10, 16)[None]
+    assert train.recitation(prompt, [list(range(20, 26))], corpus, n=3) == {
+        "n": 3, "mean": 0.0, "share_of_prompts_above_half": 0.0, "per_prompt": [0.0]}
+    # six tokens copied from document 0: the two windows that straddle the prompt are not in it, four are
+    r = train.recitation(prompt, [list(range(105, 111))], corpus, n=3)
+    assert np.isclose(r["mean"], 4 / 6) and r["share_of_prompts_above_half"] == 1.0
+    # the end of document 0 then the start of document 1: only the windows inside one document count
+    r = train.recitation(prompt, [[117, 118, 119, 200, 201, 202]], corpus, n=3)
+    assert np.isclose(r["mean"], 2 / 6)
+    # a continuation that copies the prompt recites nothing: the prompt is not training text
+    assert train.recitation(prompt, [list(range(10, 16))], corpus, n=3)["mean"] == 0.0
+    # per prompt, then the mean; too short to end a window: None, left out of the mean
+    # (one-token prompts: the second sequence ends 5 windows, 4 of them inside document 0)
+    r = train.recitation(np.concatenate([prompt, prompt])[:, :1], [[1], list(range(105, 111))], corpus, n=3)
+    assert r["per_prompt"][0] is None and np.isclose(r["per_prompt"][1], 4 / 5) and np.isclose(r["mean"], 4 / 5)
+    # no corpus at all: nothing recited
+    assert train.recitation(prompt, [list(range(105, 111))], [], n=3)["mean"] == 0.0
+
+
 def test_tau_where_weights_prompts_by_their_rounds():
     """`tau_where`: tokens emitted over rounds on the chosen prompts, as tau is over all of them (not the mean of
     the prompts' tau); None when no prompt is chosen."""
@@ -571,6 +594,7 @@ def test_pair_tiny_end_to_end(tmp_path):
     assert m["ar"]["tau"] == 1.0 and m["dflash"]["identical_to_ar"] and m["dflash"]["tau"] >= 1.0
     assert m["dflash"]["chars"] == m["ar"]["chars"] > 0 and m["dflash"]["chars_per_round"] >= m["ar"]["chars_per_round"]
     assert any(k.startswith("ddtree") for k in m)
+    assert 0.0 <= m["ar"]["recitation"]["mean"] <= 1.0 and m["dflash"]["not_reciting"]["max_share"] == train.FRESH
     files = [p for p in out.iterdir() if p.is_file()]
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
     demo = tmp_path / "unpacked"
@@ -782,6 +806,11 @@ def test_seen_by_pair_names_the_stdlib_files_a_pair_trained_or_drafted_on(tmp_pa
     assert train.seen_by_pair(files, res, stdlib_root=root) == files[:2]
     with pytest.raises(ValueError, match="no corpus.stdlib_files"):
         train.seen_by_pair(files, {"corpus": {}}, stdlib_root=root)
+    # what eval measures recitation against: the training split's files this stdlib has, and how many were listed
+    res["corpus"]["stdlib_files"]["train"] += ["gone.py", "a.py"]
+    assert train.trained_on(res, stdlib_root=root) == ([root / "a.py"], 2)
+    with pytest.raises(ValueError, match="no corpus.stdlib_files"):
+        train.trained_on({"corpus": {}}, stdlib_root=root)
 
 
 def test_eval_unseen_by_refuses_before_loading_models(tmp_path, capsys):
@@ -803,12 +832,25 @@ def test_eval_unseen_by_refuses_before_loading_models(tmp_path, capsys):
     assert not (tmp_path / "e.json").exists()
 
 
-def test_evaluate_counts_characters_per_round():
+def test_evaluate_counts_characters_per_round(monkeypatch):
     """`evaluate(..., detokenize=...)`: the characters of each method's continuations and per verify round, so
-    that pairs with different tokenizers compare. One character a token here, so characters a round are tau."""
+    that pairs with different tokenizers compare. One character a token here, so characters a round are tau.
+    With `corpus=`: AR's continuations go to `recitation` (tested above; here it says prompt 0 recites all and
+    prompt 1 nothing), and the speculative methods get tau over the prompts that do not recite."""
     prompts = np.random.default_rng(3).integers(2, 300, (2, 8)).astype(np.int32)
     one_char = lambda ids: "".join("x" for _ in ids)
-    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 6, 4, (), detokenize=one_char)
+    corpus, seen = [np.arange(5, 40)], []
+    def recitation(p, conts, c):
+        seen.append((p, [list(map(int, t)) for t in conts], c))
+        return {"n": 16, "mean": 0.5, "share_of_prompts_above_half": 0.5, "per_prompt": [1.0, 0.0]}
+    monkeypatch.setattr(train, "recitation", recitation)
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 6, 4, (), detokenize=one_char, corpus=corpus)
+    (p, conts, c), = seen
+    assert p is prompts and c is corpus and [len(t) for t in conts] == [6, 6]
+    assert m["ar"]["recitation"]["per_prompt"] == [1.0, 0.0] and "not_reciting" not in m["ar"]
+    fresh = m["dflash"]["not_reciting"]
+    assert fresh["max_share"] == train.FRESH and fresh["prompts"] == 1
+    assert np.isclose(fresh["tau"], m["dflash"]["tau_per_prompt"][1])
     assert set(m) == {"ar", "dflash"}
     assert m["ar"]["repetition"]["n"] == 8 and 0.0 <= m["ar"]["repetition"]["mean"] <= 1.0
     assert m["ar"]["texts"] == ["x" * 6, "x" * 6] and "texts" not in m["dflash"]      # AR's continuations, as text
