@@ -22,7 +22,8 @@
 # AGAIN=1 on the shipped prompts (against 1.79 / 1.79), depth-1 agreement 0.52 -> 0.58-0.65.
 # PAIR=<dir>: a pair made earlier (target/ and drafter/, e.g. carried as the ignored /.pair/), instead of d_pair.sh's
 # on this machine: its drafter goes on as it is (no growth), so that no d_pair.sh call is needed. Session 18's
-# call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair.
+# call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair. Session 25's pair is committed:
+# PAIR=bench/results/2026-12-02-h200-s25-pair-stdlib08/pair (bench/NOTES.md, "Plan for the next GPU session").
 # JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
