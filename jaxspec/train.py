@@ -1011,12 +1011,15 @@ def recitation(prompts: np.ndarray, continuations: list[list[int]], corpus: list
     the same text, so a high tau with a high share measures the memory, not the drafting (session 25: a target at
     training loss 0.05 recited 36.5% / 24.1% of its 16-token windows on the two held-out prompt sets, the shipped
     one 10.5% / 6.2%: bench/results/2026-12-02-h200-s25-pair-stdlib08/recitation.json)."""
-    known = np.unique(np.concatenate([_ngram_hashes(d, n) for d in corpus] + [np.zeros(0, np.uint64)]))
+    # sorted once, then binary search per window (np.unique / np.isin sort the whole corpus again: ~2 s a call for
+    # 1.5 M windows on a 2-core CPU, against ~0.06 s for np.sort)
+    known = np.sort(np.concatenate([_ngram_hashes(d, n) for d in corpus] + [np.zeros(0, np.uint64)]))
     per_prompt = []                                        # None where the continuation ends no window
     for p, c in zip(prompts, continuations):
         seq = np.concatenate([np.asarray(p, np.int64), np.asarray(c, np.int64)])
         h = _ngram_hashes(seq, n)[max(len(p) - n + 1, 0):]
-        per_prompt.append(float(np.isin(h, known).mean()) if len(h) else None)
+        at = np.minimum(np.searchsorted(known, h), max(len(known) - 1, 0))
+        per_prompt.append(float((known[at] == h).mean()) if len(known) and len(h) else (0.0 if len(h) else None))
     shares = [x for x in per_prompt if x is not None]
     return {"n": n, "mean": float(np.mean(shares)) if shares else 0.0,
             "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0,
