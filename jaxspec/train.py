@@ -986,6 +986,11 @@ def repetition(prompts: np.ndarray, continuations: list[list[int]], n: int = 8) 
             hits += w in seen
             seen.add(w)
         per_prompt.append(hits / (len(windows) - first))
+    return _window_shares(n, per_prompt)
+
+
+def _window_shares(n: int, per_prompt: list[float | None]) -> dict:
+    """`repetition`'s and `recitation`'s summary of per-prompt window shares (None: no window, left out)."""
     shares = [x for x in per_prompt if x is not None]
     return {"n": n, "mean": float(np.mean(shares)) if shares else 0.0,
             "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0,
@@ -1018,12 +1023,14 @@ def recitation(prompts: np.ndarray, continuations: list[list[int]], corpus: list
     for p, c in zip(prompts, continuations):
         seq = np.concatenate([np.asarray(p, np.int64), np.asarray(c, np.int64)])
         h = _ngram_hashes(seq, n)[max(len(p) - n + 1, 0):]
-        at = np.minimum(np.searchsorted(known, h), max(len(known) - 1, 0))
-        per_prompt.append(float((known[at] == h).mean()) if len(known) and len(h) else (0.0 if len(h) else None))
-    shares = [x for x in per_prompt if x is not None]
-    return {"n": n, "mean": float(np.mean(shares)) if shares else 0.0,
-            "share_of_prompts_above_half": float(np.mean([s > 0.5 for s in shares])) if shares else 0.0,
-            "per_prompt": per_prompt}
+        if not len(h):
+            per_prompt.append(None)
+        elif not len(known):
+            per_prompt.append(0.0)
+        else:
+            at = np.minimum(np.searchsorted(known, h), len(known) - 1)
+            per_prompt.append(float((known[at] == h).mean()))
+    return _window_shares(n, per_prompt)
 
 
 LOOPING = 0.3     # mean repeated-window share above which eval warns that tau measures a looping target
