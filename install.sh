@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with a Python >= 3.12 found on this machine and installs jaxspec into it.
 #   ./install.sh         runtime only (CPU JAX)
-#   ./install.sh test    plus the test extra (pytest, torch, transformers) and z-lab's `dflash` reference
+#   ./install.sh test    plus the test extra (pytest, pytest-xdist, torch, transformers) and z-lab's `dflash` reference
 #   ./install.sh cuda    plus jax[cuda13] for NVIDIA GPUs
 # Set PYTHON=/path/to/python3.12 to choose the interpreter yourself.
 set -euo pipefail

@@ -1053,14 +1053,15 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
     With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
     characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`). With `corpus` (the
     target's training documents, token ids), also how much AR's continuations recite it (`ar.recitation`) and tau
-    over the prompts whose continuation does not (`not_reciting`: recited-window share <= FRESH)."""
+    over the prompts whose continuation does not (`not_reciting`: recited-window share <= FRESH). Past the
+    wall-clock `deadline` only the further DDTree budgets are skipped: AR, DFlash and the first budget always run."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import Engine
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
     max_len = prompts.shape[1] + max_new + max(budgets + (block,)) + 2
     out, ar_tokens = {}, None
     for name, budget in methods:
-        if deadline is not None and time.time() > deadline and name != "ar":
+        if deadline is not None and time.time() > deadline and (name, budget) not in methods[:3]:
             log(f"eval: out of time, skipping {name} {budget or ''}")
             continue
         spec = None if name == "ar" else DFlash(drafter, target.cfg, block, budget=budget)

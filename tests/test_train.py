@@ -861,3 +861,12 @@ def test_evaluate_counts_characters_per_round(monkeypatch):
         assert np.isclose(train.tau_where(e["tau_per_prompt"], e["rounds_per_prompt"], [True, True]), e["tau"]), k
     quiet = sum(x is not None and x <= train.QUIET for x in m["ar"]["repetition"]["per_prompt"])
     assert m["dflash"]["not_looping"]["prompts"] == quiet and "not_looping" not in m["ar"]
+
+
+def test_evaluate_past_its_deadline_still_compares_each_method():
+    """A deadline already past (a slow machine) skips only the further DDTree budgets: AR, DFlash and the first
+    budget still run, so the results always compare every method."""
+    prompts = np.random.default_rng(4).integers(2, 300, (1, 8)).astype(np.int32)
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 4, 4, (3, 5), deadline=0.0)
+    assert set(m) == {"ar", "dflash", "ddtree_b3"}
+    assert m["dflash"]["identical_to_ar"] and m["ddtree_b3"]["identical_to_ar"]
