@@ -20,8 +20,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # Most of a CPU test's time is XLA compiling the engine's programs, and many tests (and both xdist workers) build
 # the same programs for the same tiny models: a persistent compilation cache shared by all of them compiles each
 # once (a fresh Engine on the tiny model: 28.8 s -> 3.6 s). The key is the whole program plus JAX's version and
-# flags, so a stale entry is never used for a changed program. JAXSPEC_TEST_COMPILATION_CACHE=off disables it.
-_cache = os.environ.get("JAXSPEC_TEST_COMPILATION_CACHE",
+# flags, so a stale entry is never used for a changed program. PYTEST_JAX_CACHE_DIR=off disables it.
+_cache = os.environ.get("PYTEST_JAX_CACHE_DIR",
                         os.path.join(tempfile.gettempdir(), f"jaxspec-tests-jax-cache-{os.getuid()}"))
 if _cache != "off":
     jax.config.update("jax_compilation_cache_dir", _cache)
