@@ -24,7 +24,8 @@
 # on this machine: its drafter goes on as it is (no growth), so that no d_pair.sh call is needed. Session 18's
 # call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair. Session 25's pair is committed:
 # PAIR=bench/results/2026-12-02-h200-s25-pair-stdlib08/pair (bench/NOTES.md, "Plan for the next GPU session").
-# JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
+# DRAFTER=<dir> (with PAIR): start from that drafter instead of PAIR/drafter (session 27 kept one without its target).
+# JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir [DRAFTER=dir]] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 P=/tmp/dp/work/pair; [ -d $P ] || P=/dev/shm/dp/work/pair     # where d_pair.sh worked
@@ -39,8 +40,9 @@ if [ "$AGAIN" = 1 ]; then
   rm -rf $W/prev && mv $W/run/drafter $W/prev && rm -rf $W/run $W/pack
   FROM="--init $W/prev"; SEED=${SEED:-16}      # another SEED for each further call: other continuations
 elif [ -n "$PAIR" ]; then
-  [ -d $P/drafter ] || { echo "no $P/drafter"; exit 1; }
-  FROM="--init $P/drafter"; SEED=${SEED:-15}
+  D=$P/drafter; [ -n "$DRAFTER" ] && D=$(realpath "$DRAFTER")   # DRAFTER=<dir>: another drafter for PAIR's target
+  [ -d $D ] || { echo "no $D"; exit 1; }
+  FROM="--init $D"; SEED=${SEED:-15}
 else
   FROM="--init $P/drafter --grow-layers 2"; SEED=${SEED:-15}
 fi
