@@ -161,6 +161,7 @@ class Trainer:
         self.ckpt_dir = Path(ckpt_dir).absolute() if ckpt_dir else None
         self._mgr = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
+        self._eval_fn = None
 
     def _train_step(self, params, opt_state, frozen, batch, step, sched):
         with dispatch.differentiable():   # the GPU's default kernels have no VJP
@@ -168,6 +169,20 @@ class Trainer:
         o = dataclasses.replace(self.opt, warmup=sched[1])
         params, opt_state, gnorm, lr = adamw_update(params, grads, opt_state, step, sched[0], o)
         return params, opt_state, loss, gnorm, lr
+
+    def evaluate(self, batches) -> float:
+        """Mean loss of the current params over `batches` (an iterable of host batches like batch_at's), without
+        training on them."""
+        if self._eval_fn is None:
+            def ev(params, frozen, batch):
+                with dispatch.differentiable():      # the same ops as the training step
+                    return self.loss_fn(params, frozen, batch)
+            self._eval_fn = jax.jit(ev)
+        put = lambda b: jax.device_put({k: np.asarray(v) for k, v in b.items()}, self.data_sharding)
+        losses = [self._eval_fn(self.params, self.frozen, put(b)) for b in batches]
+        if not losses:
+            raise ValueError(f"{self.name}: no batches to evaluate")
+        return float(np.mean(jax.device_get(losses)))
 
     # -- checkpoints --
     def _manager(self):
@@ -433,17 +448,21 @@ def corpus_windows(stream: np.ndarray, window: int, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).permutation(n) * window).astype(np.int64)
 
 
+def target_taps_greedy(target: Qwen35, tokens, tap_ids: tuple):
+    """(taps [b, t, n_taps, D] float16, greedy [b, t] int32): the target's tapped hidden states and its greedy
+    prediction for the next position, teacher-forced on tokens [b, t]."""
+    b, t = tokens.shape
+    logits, taps, _, _ = target(tokens, init_state(target.cfg, b, t), trees.chain(b, t), taps=tuple(tap_ids))
+    return taps.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32)
+
+
 def target_features_fn(target: Qwen35, tap_ids: tuple):
-    """jit(tokens [b, t]) -> (taps [b, t, n_taps, D] float16, greedy [b, t] int32): the target's tapped
-    hidden states and its greedy prediction for the next position, teacher-forced on the tokens."""
+    """jit(tokens [b, t]) -> `target_taps_greedy` of the target on them."""
     graphdef, state = nnx.split(target)
 
     @jax.jit
     def f(state, tokens):
-        model = nnx.merge(graphdef, state)
-        b, t = tokens.shape
-        logits, taps, _, _ = model(tokens, init_state(model.cfg, b, t), trees.chain(b, t), taps=tuple(tap_ids))
-        return taps.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32)
+        return target_taps_greedy(nnx.merge(graphdef, state), tokens, tap_ids)
     return lambda tokens: f(state, jnp.asarray(tokens, jnp.int32))
 
 
@@ -572,6 +591,21 @@ def drafter_loss_cached(drafter_graphdef, gamma: float, exact: bool = True):
     return loss
 
 
+def drafter_loss_live(drafter_graphdef, target_graphdef, tap_ids: tuple, gamma: float, exact: bool = True):
+    """`drafter_loss_cached` with the target's features made inside the step instead of read from a cache:
+    frozen = {"embed", "lm_head", "target": the target's params}; batch {"tokens": [b, t], "anchors": [b, A]}.
+    The taps are rounded to float16 as the cache stores them, so both give the same loss on the same tokens.
+    No disk and no feature-making phase: every training sequence can be a fresh one."""
+    cached = drafter_loss_cached(drafter_graphdef, gamma, exact)
+
+    def loss(params, frozen, batch):
+        target = nnx.merge(target_graphdef, frozen["target"])
+        taps, greedy = target_taps_greedy(target, batch["tokens"], tap_ids)
+        feats = {"taps": jax.lax.stop_gradient(taps), "greedy": greedy}
+        return cached(params, frozen, {**batch, **feats})
+    return loss
+
+
 def cached_batches(cache: "FeatureCache", n_windows: int, batch: int, block: int, n_anchors: int, lo: int,
                    seed: int):
     """batch_at(step): `batch` of the cache's first n_windows windows, with n_anchors anchors >= lo each."""
@@ -584,6 +618,17 @@ def cached_batches(cache: "FeatureCache", n_windows: int, batch: int, block: int
         return {"tokens": np.asarray(toks[idx]), "greedy": np.asarray(greedy[idx]), "taps": np.asarray(taps[idx]),
                 "anchors": sample_anchors(rng, batch, w, block, n_anchors, lo)}
     return at
+
+
+def held_out_batches(rows: Callable[[np.ndarray], dict], n: int, t: int, batch: int, block: int, n_anchors: int,
+                     lo: int, seed: int):
+    """A function giving, at each call, the same fixed batches over n held-out rows: consecutive chunks of
+    `batch` rows (a remainder smaller than `batch` is left out) with seeded anchors >= lo. rows(idx) -> the
+    rows' arrays (a dict, batch axis first; "anchors" is added)."""
+    rng = np.random.default_rng([seed, 1 << 20])
+    chunks = [(np.arange(i, i + batch), sample_anchors(rng, batch, t, block, n_anchors, lo))
+              for i in range(0, n - batch + 1, batch)]
+    return lambda: ({**rows(idx), "anchors": a} for idx, a in chunks)
 
 
 def mixed_batches(*batch_fns):
@@ -1423,6 +1468,11 @@ def run_drafter(args) -> int:
         raise ConfigError(f"--grow-layers must be >= 0, got {args.grow_layers}")
     if args.package_text < 0:
         raise ConfigError(f"--package-text must be >= 0, got {args.package_text}")
+    if args.val_sequences < 0:
+        raise ConfigError(f"--val-sequences must be >= 0, got {args.val_sequences}")
+    if 0 < args.val_sequences < args.batch:
+        raise ConfigError(f"--val-sequences {args.val_sequences}: must be 0 or at least --batch ({args.batch}), "
+                          f"the held-out loss being measured a whole batch at a time")
     try:
         text = list(args.text) + (package_files(args.package_text, part="prompts") if args.package_text else [])
     except ValueError as e:
@@ -1454,44 +1504,83 @@ def run_drafter(args) -> int:
         drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed))
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
+    live = args.features == "live"
+    cache = seqs = None
     if args.data == "corpus":
         eos = (target.cfg.eos_token_ids or (0,))[0]
         stream = np.concatenate([np.concatenate([d, [eos]]) for d in docs]).astype(np.int32)
         n_all = len(stream) // args.window
-        cache = FeatureCache(out / "features")
-        done = cache.build(target, stream, taps, args.window, min(args.windows or n_all, n_all), args.seed,
-                           batch=args.gen_batch)
+        n_windows = min(args.windows or n_all, n_all)
+        if live:
+            seqs = np.stack([stream[s:s + args.window] for s in corpus_windows(stream, args.window, args.seed)[:n_windows]])
+        else:
+            cache = FeatureCache(out / "features")
+            cache.build(target, stream, taps, args.window, n_windows, args.seed, batch=args.gen_batch)
         positions = args.window - args.block - (args.prompt_len - 1) + 1
-        log(f"data: target features for {done} windows of {args.window} tokens ({done * args.window} tokens)")
+        what = f"windows of {args.window} tokens"
     else:
-        # The target's own greedy path after each prompt (saved as made), then its features, cached like the
-        # corpus's: a training step never runs the target.
+        # The target's own greedy path after each prompt (saved as made). Its features are then cached on disk
+        # (--features cache: a training step never runs the target) or made inside each step (live).
         prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
         seqs = greedy_sequences(target, prompts, args.gen_new, args.gen_batch, out / "greedy.npy")
-        cache = FeatureCache(out / "greedy_features")
-        done = cache.build(target, seqs.reshape(-1), taps, seqs.shape[1], len(seqs), args.seed,
-                           batch=max(args.gen_batch // 4, 1))
+        if not live:
+            cache = FeatureCache(out / "greedy_features")
+            cache.build(target, seqs.reshape(-1), taps, seqs.shape[1], len(seqs), args.seed,
+                        batch=max(args.gen_batch // 4, 1))
         positions = args.gen_new - args.block + 2
-        log(f"data: {done} greedy continuations of {args.gen_new} tokens, features cached")
+        what = f"greedy continuations of {args.gen_new} tokens"
+    done = len(seqs) if live else cache.done
+    log(f"data: {done} {what}, " + ("target features made in each step" if live else "target features cached"))
+    n_val = args.val_sequences
+    if n_val and n_val > done - args.batch:
+        raise ConfigError(f"--val-sequences {n_val}: the data has {done} sequences, and --batch {args.batch} of them "
+                          f"must be left to train on")
+    n_train = done - n_val
     dgraph, dparams = nnx.split(drafter)
-    loss_fn = drafter_loss_cached(dgraph, args.gamma or default_gamma(args.block), exact=not args.stream_labels)
+    gamma = args.gamma or default_gamma(args.block)
     frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
-    batches = cached_batches(cache, done, args.batch, args.block, args.anchors, args.prompt_len - 1, args.seed + 1)
-    warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, done, positions), args.max_epochs)
+    lo = args.prompt_len - 1
+    if live:
+        tgraph, frozen["target"] = nnx.split(target)
+        loss_fn = drafter_loss_live(dgraph, tgraph, taps, gamma, exact=not args.stream_labels)
+        batches = drafter_batches(seqs[:n_train], lo, args.batch, args.block, args.anchors, args.seed + 1)
+        rows = lambda idx: {"tokens": seqs[n_train + idx].astype(np.int32)}
+    else:
+        loss_fn = drafter_loss_cached(dgraph, gamma, exact=not args.stream_labels)
+        batches = cached_batches(cache, n_train, args.batch, args.block, args.anchors, lo, args.seed + 1)
+        arrays = cache.arrays()
+        rows = lambda idx: {k: np.asarray(a[n_train + idx]) for k, a in zip(("tokens", "greedy", "taps"), arrays)}
+    held_out = held_out_batches(rows, n_val, seqs.shape[1] if live else cache.arrays()[0].shape[1], args.batch,
+                                args.block, args.anchors, lo, args.seed + 2)
+    warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, n_train, positions), args.max_epochs)
     tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
                  ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter")
     resumed = tr.restore()
     deadline = t_start + args.time_budget_s if args.time_budget_s else None
+    val = []
+
+    def held_out_loss():
+        if n_val:
+            val.append([tr.step, tr.evaluate(held_out())])
+            log(f"drafter: held-out loss {val[-1][1]:.4f} at step {tr.step} ({n_val // args.batch * args.batch} "
+                f"sequences never trained on)")
+    held_out_loss()
     if deadline is not None and not resumed:
         # Fit the schedule to the time left (keeping ~5% for the export), so that it completes its decay.
         tr.steps = calibrate_steps(tr, 0.95 * (deadline - time.time()), cap=args.steps)
         tr.warmup = max(1, int(0.04 * tr.steps))
     tr.run(deadline=deadline)
+    held_out_loss()
     loss_curve_png(out / "drafter_loss.png", tr.losses)
     export_drafter(rebuild(Drafter, dcfg.replace(dtype=args.dtype), tr.params), out / "drafter",
                    num_target_layers=n_layers)
-    log(f"drafter: {tr.step} steps, loss {np.mean(tr.losses[-20:]):.4f}; wrote {out / 'drafter'}")
+    if val:
+        tmp = out / "val_loss.json.tmp"
+        tmp.write_text(json.dumps({"sequences": n_val, "features": args.features, "loss_at_step": val}))
+        os.replace(tmp, out / "val_loss.json")
+    log(f"drafter: {tr.step} steps, loss {np.mean(tr.losses[-20:]):.4f}"
+        + (f", held-out {val[0][1]:.4f} -> {val[-1][1]:.4f}" if val else "") + f"; wrote {out / 'drafter'}")
     return 0
 
 
@@ -1668,6 +1757,15 @@ def parser() -> argparse.ArgumentParser:
                         "greedy predictions (features cached in OUT/features); greedy: its greedy continuations "
                         "of --sequences prompts cut from the text (saved to OUT/greedy.npy as they are made, "
                         "features cached in OUT/greedy_features; slow to make, easy to overfit)")
+    d.add_argument("--features", choices=("cache", "live"), default="cache",
+                   help="cache (default): the target's features for all the data made once and kept on disk "
+                        "(OUT/features, OUT/greedy_features; ~0.6 MB a sequence at width 384); live: made inside "
+                        "each training step, nothing on disk, so the data can be many more sequences than the disk "
+                        "holds features for (each step then runs the target's forward too)")
+    d.add_argument("--val-sequences", type=int, default=0, metavar="N",
+                   help="set the last N sequences (or windows) of the data apart and report the loss on them before "
+                        "and after training (OUT/val_loss.json): the held-out loss, unlike the training loss, shows "
+                        "when the drafter starts to memorise its data (default: 0, none)")
     d.add_argument("--window", type=int, default=256, help="corpus: window length (default: %(default)s)")
     d.add_argument("--windows", type=int, default=0, help="corpus: windows to use (default: all of the text)")
     d.add_argument("--stream-labels", action="store_true",

@@ -223,6 +223,75 @@ def test_cached_loss_trains_and_epoch_guard_warns(tmp_path, capsys):
     assert err.count("WARNING") == 1 and "300 times" in err
 
 
+def test_live_loss_equals_the_cached_loss_and_trains(tmp_path):
+    """--features live: the target's features made inside the step give the cached loss on the same tokens and
+    anchors (taps rounded to float16 alike), depend on the target, and train the drafter."""
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4)
+    tg, tp = nnx.split(target)
+    dg, dp = nnx.split(drafter)
+    stream = np.random.default_rng(5).integers(2, 320, 200).astype(np.int32)
+    cache = train.FeatureCache(tmp_path / "f")
+    cache.build(target, stream, (0, 2), 24, 6, seed=3, batch=4)
+    toks, greedy, taps = (np.asarray(a) for a in cache.arrays())
+    anchors = train.sample_anchors(np.random.default_rng(0), 6, 24, 4, 3, 5)
+    frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
+    cached = train.drafter_loss_cached(dg, 2.0)(dp, frozen, {"tokens": toks, "greedy": greedy, "taps": taps,
+                                                             "anchors": anchors})
+    live_fn = jax.jit(train.drafter_loss_live(dg, tg, (0, 2), 2.0))
+    live = live_fn(dp, {**frozen, "target": tp}, {"tokens": toks, "anchors": anchors})
+    np.testing.assert_allclose(float(live), float(cached), rtol=1e-4)
+    other = live_fn(dp, {**frozen, "target": nnx.split(tiny_target(seed=1))[1]}, {"tokens": toks, "anchors": anchors})
+    assert abs(float(other) - float(cached)) > 1e-3
+    tr = train.Trainer(train.drafter_loss_live(dg, tg, (0, 2), 2.0), dp, {**frozen, "target": tp},
+                       lambda step: {"tokens": toks[:4], "anchors": anchors[:4]}, steps=30,
+                       opt=train.OptConfig(lr=1e-2, warmup=3), name="live", log_every=1000)
+    before = tr.evaluate([{"tokens": toks[:4], "anchors": anchors[:4]}])
+    losses = tr.run()
+    assert before == pytest.approx(losses[0], rel=1e-5)                 # evaluate: the loss, no step taken
+    assert losses[-1] < 0.9 * losses[0] and tr.evaluate([{"tokens": toks[:4], "anchors": anchors[:4]}]) < losses[-1]
+
+
+def test_held_out_batches_are_fixed_chunks_of_the_held_out_rows():
+    seen = []
+    rows = lambda idx: seen.append(idx) or {"tokens": np.stack([np.full(20, 100 + i) for i in idx])}
+    held = train.held_out_batches(rows, 11, 20, 4, 4, 3, 6, seed=2)
+    a, b = list(held()), list(held())
+    assert len(a) == 2 and [x["tokens"][:, 0].tolist() for x in a] == [[100, 101, 102, 103], [104, 105, 106, 107]]
+    assert all(np.array_equal(x["anchors"], y["anchors"]) for x, y in zip(a, b))
+    assert all(((x["anchors"] >= 6) & (x["anchors"] <= 16)).all() and x["anchors"].shape == (4, 3) for x in a)
+    assert not np.array_equal(a[0]["anchors"], a[1]["anchors"])
+    assert list(train.held_out_batches(rows, 3, 20, 4, 4, 3, 6, seed=2)()) == []
+
+
+def test_drafter_subcommand_live_features_with_a_held_out_loss(tmp_path, capsys):
+    """`drafter --features live --val-sequences N` on corpus windows: no feature cache on disk, the held-out
+    loss before and after in OUT/val_loss.json, and a bad --val-sequences refused naming the flag."""
+    from convert.drafter import load_drafter
+    from jaxspec.export import export_target
+    texts = [f"def h{i}(z):\n    return z - {i}\n\n" * 20 for i in range(30)]
+    tok = train.train_tokenizer(texts, 320)
+    export_target(tiny_target(), tmp_path / "target")
+    train.save_tokenizer(tok, tmp_path / "target")
+    (tmp_path / "corpus.py").write_text("".join(texts))
+    args = ["drafter", "--target", str(tmp_path / "target"), "--text", str(tmp_path / "corpus.py"), "--out",
+            str(tmp_path / "out"), "--mask-token-id", "1", "--block", "4", "--layers", "1", "--heads", "2",
+            "--kv-heads", "1", "--head-dim", "16", "--n-taps", "2", "--window", "40", "--windows", "14",
+            "--prompt-len", "8", "--batch", "4", "--anchors", "3", "--steps", "12", "--lr", "3e-3",
+            "--dtype", "float32", "--features", "live"]
+    assert train.main(args + ["--val-sequences", "2"]) == 2
+    assert "--val-sequences 2: must be 0 or at least --batch (4)" in capsys.readouterr().err
+    assert train.main(args + ["--val-sequences", "12"]) == 2
+    assert "--val-sequences 12: the data has 14 sequences" in capsys.readouterr().err
+    assert train.main(args + ["--val-sequences", "8"]) == 0
+    assert not (tmp_path / "out" / "features").exists()
+    val = json.loads((tmp_path / "out" / "val_loss.json").read_text())
+    assert val["sequences"] == 8 and val["features"] == "live" and [s for s, _ in val["loss_at_step"]] == [0, 12]
+    (_, first), (_, last) = val["loss_at_step"]
+    assert np.isfinite(first) and 0 < last < first, val                  # it learns what it never saw
+    assert "held-out" in capsys.readouterr().err
+    assert load_drafter(tmp_path / "out" / "drafter", dtype="float32").cfg.block_size == 4
+
+
 @pytest.mark.slow
 def test_drafter_subcommand_on_corpus_data(tmp_path):
     """`python -m jaxspec.train drafter` end to end on a tiny exported target: corpus features cached, trained,

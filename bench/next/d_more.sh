@@ -25,6 +25,9 @@
 # call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair. Session 25's pair is committed:
 # PAIR=bench/results/2026-12-02-h200-s25-pair-stdlib08/pair (bench/NOTES.md, "Plan for the next GPU session").
 # DRAFTER=<dir> (with PAIR): start from that drafter instead of PAIR/drafter (session 27 kept one without its target).
+# EXTRA="--features live --val-sequences 2048 --sequences 196608 --gen-batch 8192" (session 29): the target's features
+# made inside each step instead of a ~39 GB cache, so a call trains on 3x the continuations (each seen ~4 times
+# rather than ~16), and the held-out loss on 2048 continuations never trained on comes back in val_loss.json.
 # JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir [DRAFTER=dir]] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
@@ -48,9 +51,11 @@ else
 fi
 df -h /tmp > $W/df.txt
 finish() {
-  cp $W/run/drafter_loss.png $W/train.log $W/df.txt $W/keep/ 2>/dev/null; (cd $W/keep && tar czf $OUT/more-run.tgz .)
+  cp $W/run/drafter_loss.png $W/run/val_loss.json $W/train.log $W/df.txt $W/keep/ 2>/dev/null
+  (cd $W/keep && tar czf $OUT/more-run.tgz .)
   if [ -d $W/run/drafter ]; then
-    mkdir -p $W/pack/demo && cp -r $P/target $W/pack/demo/ && cp -r $W/run/drafter $W/pack/demo/
+    mkdir -p $W/pack/demo && cp -r $W/run/drafter $W/pack/demo/
+    [ -n "$PAIR" ] || cp -r $P/target $W/pack/demo/     # with PAIR the target is in the repository already
     (cd $W/pack && tar cf - demo | split -b 15m -d - $OUT/pair.tar.)
   fi
   rm -rf $W/run/greedy_features        # ~39 GB; the disk carries over to an AGAIN=1 call
