@@ -25,19 +25,22 @@
 # call-3 pair (51 MB) was kept on the CPU host at /tmp/jaxspec-s18-pair. Session 25's pair is committed:
 # PAIR=bench/results/2026-12-02-h200-s25-pair-stdlib08/pair (bench/NOTES.md, "Plan for the next GPU session").
 # DRAFTER=<dir> (with PAIR): start from that drafter instead of PAIR/drafter (session 27 kept one without its target).
-# EXTRA="--features live --val-sequences 2048 --sequences 196608 --gen-batch 8192" (session 29): the target's features
-# made inside each step instead of a ~39 GB cache, so a call trains on 3x the continuations (each seen ~4 times
-# rather than ~16), and the held-out loss on 2048 continuations never trained on comes back in val_loss.json.
-# JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir [DRAFTER=dir]] bash bench/next/d_more.sh   (EXTRA="--sequences 16 --gen-batch 16 --steps 10 --batch 4": a CPU dry run)
+# Since session 29 the target's features are made inside each step (--features live) instead of a ~39 GB cache, so a
+# call trains on 196608 continuations (each seen ~4 times rather than ~16), and the loss on 2048 continuations never
+# trained on comes back in val_loss.json (bench/results/2026-12-03-h200-s29-live: held-out loss 3.32 -> 3.26 in one
+# call, where the cached calls had flattened at ~3.34). CACHE=1: the cached recipe of sessions 14-28.
+# JAXSPEC_COMMIT=<hash> [AGAIN=1] [SEED=N] [PACKAGES=N] [PAIR=dir [DRAFTER=dir]] bash bench/next/d_more.sh   (EXTRA="--sequences 24 --gen-batch 8 --steps 6 --batch 4 --val-sequences 8": a CPU dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 P=/tmp/dp/work/pair; [ -d $P ] || P=/dev/shm/dp/work/pair     # where d_pair.sh worked
 [ -n "$PAIR" ] && P=$(realpath "$PAIR")
 W=/tmp/dm; mkdir -p $W/keep
 [ -d $P/target ] || { echo "no $P/target: the machine is not the one d_pair.sh ran on"; exit 1; }
-# This call writes a ~39 GB feature cache; the disk has 64 GiB. Session 16 ran it while d_pair.sh's ~36 GB of
-# caches were still there: ~130 s in, the machine stopped answering and its work was lost. d_pair.sh now deletes
-# them as it ends; df.txt records what was free.
+# With CACHE=1 this call writes a ~39 GB feature cache; the disk has 64 GiB. Session 16 ran it while d_pair.sh's
+# ~36 GB of caches were still there: ~130 s in, the machine stopped answering and its work was lost. d_pair.sh now
+# deletes them as it ends; df.txt records what was free.
+DATA="--features live --val-sequences 2048 --sequences 196608 --gen-batch 8192"
+[ "$CACHE" = 1 ] && DATA="--sequences 65536 --gen-batch 4096"
 if [ "$AGAIN" = 1 ]; then
   [ -d $W/run/drafter ] || { echo "no $W/run/drafter: no d_more.sh call ran on this machine"; exit 1; }
   rm -rf $W/prev && mv $W/run/drafter $W/prev && rm -rf $W/run $W/pack
@@ -67,7 +70,7 @@ from jaxspec import train
 print('\n'.join(map(str, train.split_files(train.stdlib_files(), unseen=True)[2])))" > $W/unseen.txt
 timeout 540 python -m jaxspec.train drafter --target $P/target --text $(cat $W/unseen.txt) --mask-token-id 1 \
   --package-text ${PACKAGES:-3000} \
-  $FROM --data greedy --sequences 65536 --gen-batch 4096 --batch 64 --anchors 16 \
+  $FROM --data greedy $DATA --batch 64 --anchors 16 \
   --steps 80000 --lr 6e-4 --gamma 4 --ckpt-every 10000 --dtype bfloat16 --seed $SEED --time-budget-s 500 \
   --out $W/run $EXTRA > $W/train.log 2>&1
 echo "drafter rc=$?" >> $W/train.log
