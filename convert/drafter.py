@@ -1,5 +1,6 @@
-"""The DFlash drafter: load a z-lab checkpoint (config.json + one flat-key model.safetensors) into `Drafter`,
-save it to / restore it from jaxspec's Orbax layout (convert/store.py), and `load_draft` for either.
+"""The DFlash drafter: load a z-lab checkpoint (config.json + one flat-key model.safetensors, or shards of it with
+an index) into `Drafter`, save it to / restore it from jaxspec's Orbax layout (convert/store.py), and
+`load_draft` for either.
 
 A converted drafter dir holds config.json (copied byte for byte), jaxspec.json (format "jaxspec-drafter")
 and params/ (Orbax); it is written atomically by the same code as the target's.
@@ -13,7 +14,7 @@ from flax import nnx
 from safetensors import safe_open
 
 from convert import store
-from convert.hf import CheckpointError
+from convert.hf import INDEX_NAME, CheckpointError, scan, shard_files
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
 
@@ -44,13 +45,19 @@ def drafter_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple, tuple[int, ...]
     return out
 
 
-def _weights_file(model_dir: Path) -> Path:
+def weights_files(model_dir: Path) -> list[Path]:
+    """z-lab's one model.safetensors, else the shards its model.safetensors.index.json lists (checked against
+    their headers: each key in the shard the index names)."""
     f = model_dir / WEIGHTS
     if f.is_file():
-        return f
-    if (model_dir / "model.safetensors.index.json").exists() or list(model_dir.glob("*.safetensors")):
+        return [f]
+    if (model_dir / INDEX_NAME).exists():
+        scan(model_dir)
+        return shard_files(model_dir)
+    if list(model_dir.glob("*.safetensors")):
         found = sorted(p.name for p in model_dir.glob("*.safetensors*"))
-        raise CheckpointError(f"{model_dir}: expected one {WEIGHTS} (the DFlash drafter layout), found {found}")
+        raise CheckpointError(f"{model_dir}: expected {WEIGHTS} (the DFlash drafter layout) or shards with "
+                              f"{INDEX_NAME}, found {found}")
     pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in _PICKLE_SUFFIXES)
     if pickles:
         raise CheckpointError(f"{model_dir}: only pickle checkpoints ({', '.join(pickles)}); jaxspec refuses them "
@@ -65,29 +72,31 @@ def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     cfg = load_drafter_config(model_dir, dtype=dtype)
-    f = _weights_file(model_dir)
+    files = weights_files(model_dir)
     layout = drafter_layout(cfg)
     graphdef, flat = abstract_drafter(cfg)
     flat = dict(flat)
     values = {}
-    try:
-        sf_ctx = safe_open(str(f), framework="flax")
-    except Exception as e:  # safetensors raises its own error types for a corrupt header
-        raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
-    with sf_ctx as sf:
-        for key in sf.keys():
-            if key not in layout:
-                hint = " (the drafter has no embedding or lm_head; it uses the target's)" if (
-                    "embed" in key or "lm_head" in key) else ""
-                raise CheckpointError(f"{f}: unexpected tensor {key!r} for this config{hint}")
-            path, shape, transpose = layout[key]
-            arr = sf.get_tensor(key)
-            if tuple(arr.shape) != shape:
-                raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(arr.shape)}, config expects {shape}")
-            values[path] = (arr.T if transpose else arr).astype(cfg.jnp_dtype)
+    for f in files:
+        try:
+            sf_ctx = safe_open(str(f), framework="flax")
+        except Exception as e:  # safetensors raises its own error types for a corrupt header
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+        with sf_ctx as sf:
+            for key in sf.keys():
+                if key not in layout:
+                    hint = " (the drafter has no embedding or lm_head; it uses the target's)" if (
+                        "embed" in key or "lm_head" in key) else ""
+                    raise CheckpointError(f"{f}: unexpected tensor {key!r} for this config{hint}")
+                path, shape, transpose = layout[key]
+                arr = sf.get_tensor(key)
+                if tuple(arr.shape) != shape:
+                    raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(arr.shape)}, config expects {shape}")
+                values[path] = (arr.T if transpose else arr).astype(cfg.jnp_dtype)
     missing = sorted(k for k, (path, _, _) in layout.items() if path not in values)
     if missing:
-        raise CheckpointError(f"{f}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        where = files[0] if len(files) == 1 else model_dir / INDEX_NAME
+        raise CheckpointError(f"{where}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     for path, var in flat.items():
         var.set_value(values[path])
     return nnx.merge(graphdef, nnx.from_flat_state(flat))

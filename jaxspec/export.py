@@ -77,13 +77,9 @@ def _untransform(a: np.ndarray, kind, shape) -> np.ndarray:
     return a
 
 
-def export_target(model, out_dir: str | Path, *, max_shard_bytes: int = 10 * 2**20) -> Path:
-    """Write the target as a HF checkpoint (sharded safetensors + index + config.json + generation_config.json).
-    Tokenizer files are the caller's business."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg: TargetConfig = model.cfg
-    tensors = target_tensors(model)
+def save_shards(tensors: dict[str, np.ndarray], out: Path, max_shard_bytes: int) -> None:
+    """model-0000i-of-0000n.safetensors shards of at most max_shard_bytes (a larger tensor gets one alone), keys
+    in sorted order, and the model.safetensors.index.json naming each key's shard."""
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for key in sorted(tensors):
@@ -101,6 +97,15 @@ def export_target(model, out_dir: str | Path, *, max_shard_bytes: int = 10 * 2**
         weight_map.update({k: name for k in shard})
     index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
     (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def export_target(model, out_dir: str | Path, *, max_shard_bytes: int = 10 * 2**20) -> Path:
+    """Write the target as a HF checkpoint (sharded safetensors + index + config.json + generation_config.json).
+    Tokenizer files are the caller's business."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg: TargetConfig = model.cfg
+    save_shards(target_tensors(model), out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(target_hf_config(cfg), indent=2) + "\n")
     gen = {"eos_token_id": list(cfg.eos_token_ids), "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
@@ -126,8 +131,10 @@ def drafter_hf_config(cfg: DrafterConfig, num_target_layers: int) -> dict:
     return hf
 
 
-def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int) -> Path:
-    """Write the drafter as config.json + one model.safetensors with z-lab's flat keys."""
+def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int, max_shard_bytes: int | None = None) -> Path:
+    """Write the drafter as config.json + one model.safetensors with z-lab's flat keys; with max_shard_bytes, a
+    drafter larger than that goes to shards of at most that size and an index instead (e.g. for a repository
+    that takes files of <= 16 MB), which `convert.drafter.load_drafter` reads too."""
     from convert.drafter import WEIGHTS, drafter_layout
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,9 +144,12 @@ def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int) -> P
         a = flat[path].T if transpose else flat[path]
         assert a.shape == shape, (key, a.shape, shape)
         tensors[key] = np.ascontiguousarray(a)
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    if max_shard_bytes is not None and sum(t.nbytes for t in tensors.values()) > max_shard_bytes:
+        save_shards(tensors, out, max_shard_bytes)
+    else:
+        save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(drafter_hf_config(drafter.cfg, num_target_layers), indent=2) + "\n")
     return out
 
 
-__all__ = ["export_target", "export_drafter", "target_hf_config", "drafter_hf_config", "target_tensors", "FULL"]
+__all__ = ["export_target", "export_drafter", "save_shards", "target_hf_config", "drafter_hf_config", "target_tensors", "FULL"]

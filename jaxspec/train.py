@@ -1208,6 +1208,11 @@ def phase_ends(target_share: float = PHASE_END["target"]) -> dict:
     return {k: target_share + (v - t0) * scale for k, v in PHASE_END.items()}
 
 
+# The demo pair is kept in the repository, whose files must be at most 16 MB each (issue #8): a drafter larger than
+# this is exported in shards (the target's are 10 MiB).
+REPO_FILE_BYTES = 15 * 2**20
+
+
 def run_pair(args) -> int:
     from convert.hf import load_target
     from jaxspec.export import export_drafter, export_target
@@ -1389,7 +1394,7 @@ def run_pair(args) -> int:
     if ddir.exists():
         shutil.rmtree(ddir)
     export_drafter(rebuild(Drafter, dcfg.replace(dtype=export_dtype), dtr.params), ddir,
-                   num_target_layers=tcfg.num_layers)
+                   num_target_layers=tcfg.num_layers, max_shard_bytes=REPO_FILE_BYTES)
     results["drafter"] = {"config": dataclasses.asdict(dcfg), "steps": dtr.step, "gamma": default_gamma(s.block),
                           "anchors_per_seq": s.d_anchors, "final_loss": float(np.mean(dtr.losses[-20:])),
                           "params": int(sum(x.size for x in jax.tree.leaves(dparams)))}
@@ -1468,6 +1473,8 @@ def run_drafter(args) -> int:
         raise ConfigError(f"--grow-layers must be >= 0, got {args.grow_layers}")
     if args.package_text < 0:
         raise ConfigError(f"--package-text must be >= 0, got {args.package_text}")
+    if args.shard_mb < 0:
+        raise ConfigError(f"--shard-mb must be >= 0, got {args.shard_mb}")
     if args.val_sequences < 0:
         raise ConfigError(f"--val-sequences must be >= 0, got {args.val_sequences}")
     if 0 < args.val_sequences < args.batch:
@@ -1574,7 +1581,7 @@ def run_drafter(args) -> int:
     held_out_loss()
     loss_curve_png(out / "drafter_loss.png", tr.losses)
     export_drafter(rebuild(Drafter, dcfg.replace(dtype=args.dtype), tr.params), out / "drafter",
-                   num_target_layers=n_layers)
+                   num_target_layers=n_layers, max_shard_bytes=args.shard_mb * 2**20 if args.shard_mb else None)
     if val:
         tmp = out / "val_loss.json.tmp"
         tmp.write_text(json.dumps({"sequences": n_val, "features": args.features, "loss_at_step": val}))
@@ -1785,6 +1792,10 @@ def parser() -> argparse.ArgumentParser:
                         "ready and sets its step count (at most --steps) so that the schedule ends in time; "
                         "a resumed run keeps its own and stops at the budget")
     d.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    d.add_argument("--shard-mb", type=int, default=0, metavar="N",
+                   help="export the drafter in safetensors shards of at most N MiB with an index, when it is larger "
+                        "(e.g. 15 for a repository that takes files of <= 16 MB; default: 0, one model.safetensors "
+                        "as z-lab's drafters are)")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=run_drafter)
     e = sub.add_parser("eval", help="tau, identity to AR and speed of a target + drafter on prompts cut from text")

@@ -282,6 +282,8 @@ def test_drafter_subcommand_live_features_with_a_held_out_loss(tmp_path, capsys)
     assert "--val-sequences 2: must be 0 or at least --batch (4)" in capsys.readouterr().err
     assert train.main(args + ["--val-sequences", "12"]) == 2
     assert "--val-sequences 12: the data has 14 sequences" in capsys.readouterr().err
+    assert train.main(args + ["--shard-mb", "-1"]) == 2
+    assert "--shard-mb must be >= 0" in capsys.readouterr().err
     assert train.main(args + ["--val-sequences", "8"]) == 0
     assert not (tmp_path / "out" / "features").exists()
     val = json.loads((tmp_path / "out" / "val_loss.json").read_text())
@@ -631,6 +633,36 @@ def test_export_drafter_round_trips_exactly(tmp_path):
     a, b = _bits(model), _bits(back)
     for k in a:
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+
+
+def test_export_drafter_in_shards_round_trips_exactly(tmp_path):
+    """max_shard_bytes: a drafter larger than that goes to shards of at most that size plus an index (the demo pair's
+    files must be <= 16 MB); the loader reads them back bit for bit, and refuses an index whose shard is gone."""
+    from convert.drafter import load_drafter
+    from convert.hf import CheckpointError
+    from jaxspec.export import export_drafter
+    model = tiny_drafter((SLIDING, FULL), window=5, dtype="bfloat16", scale=True)
+    limit = 4096
+    export_drafter(model, tmp_path / "one", num_target_layers=4, max_shard_bytes=10 ** 9)
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["config.json", "model.safetensors"]
+    export_drafter(model, tmp_path / "sharded", num_target_layers=4, max_shard_bytes=limit)
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == [p.name for p in shards]
+    from safetensors import safe_open
+    for p in shards:
+        with safe_open(str(p), framework="numpy") as f:
+            keys = list(f.keys())
+            assert len(keys) == 1 or sum(f.get_tensor(k).nbytes for k in keys) <= limit
+    back = load_drafter(tmp_path / "sharded")
+    assert back.cfg == model.cfg
+    a, b = _bits(model), _bits(back)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+    shards[1].unlink()
+    with pytest.raises(CheckpointError, match=f"missing.*{shards[1].name}"):
+        load_drafter(tmp_path / "sharded")
 
 
 def test_loss_curve_png(tmp_path):

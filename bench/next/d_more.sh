@@ -71,6 +71,6 @@ print('\n'.join(map(str, train.split_files(train.stdlib_files(), unseen=True)[2]
 timeout 540 python -m jaxspec.train drafter --target $P/target --text $(cat $W/unseen.txt) --mask-token-id 1 \
   --package-text ${PACKAGES:-3000} \
   $FROM --data greedy $DATA --batch 64 --anchors 16 \
-  --steps 80000 --lr 6e-4 --gamma 4 --ckpt-every 10000 --dtype bfloat16 --seed $SEED --time-budget-s 500 \
+  --steps 80000 --lr 6e-4 --gamma 4 --ckpt-every 10000 --dtype bfloat16 --shard-mb 15 --seed $SEED --time-budget-s 500 \
   --out $W/run $EXTRA > $W/train.log 2>&1
 echo "drafter rc=$?" >> $W/train.log
