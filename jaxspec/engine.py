@@ -9,6 +9,7 @@ segments (for streaming output), never per token.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Callable
 
@@ -119,6 +120,24 @@ class AR(Speculator):
         return Proposal(pending[:, None], trees.chain(pending.shape[0], 1)), draft
 
 
+# XLA's default command-buffer (CUDA graph) kinds in jax 0.11.2's XLA, plus WHILE and CONDITIONAL: a call of the
+# round loop then runs as one graph, without a return to the host for each round's loop predicate.
+LOOP_GRAPH_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+
+
+def loop_compiler_options(spec: Speculator) -> dict:
+    """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `none` (default), `ar` (WHILE /
+    CONDITIONAL command buffers for the AR loop alone) or `all`. Only a GPU compile reads them. Session 23 set them
+    for the whole process through XLA_FLAGS: the AR loop got 0.62 ms shorter a round and the DFlash / DDTree(64)
+    loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/), hence `ar`; set per loop
+    they are not yet timed on a GPU, so the default stays `none`."""
+    mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "none"
+    if mode not in ("none", "ar", "all"):
+        raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
+    on = mode == "all" or (mode == "ar" and isinstance(spec, AR))
+    return {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS} if on else {}
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Decoding:
@@ -171,7 +190,8 @@ class Engine:
         self.stop = jnp.asarray(sorted(set(int(t) for t in stop_tokens)) or [-1], jnp.int32)
         self.prefill_chunk = prefill_chunk
         self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1,)))
-        self._run = self._in_mesh(jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,)))
+        self._run = self._in_mesh(jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,),
+                                          compiler_options=loop_compiler_options(self.spec) or None))
         self._makers = {}     # (batch, max_len) -> jitted makers of empty target and drafter states
 
     def _in_mesh(self, fn):

@@ -72,6 +72,31 @@ def test_stop_tokens_and_max_new_tokens(tiny):
     assert Engine(model).generate(prompts[:1], 1).tokens[0] == free[0][:1]
 
 
+def test_loop_graphs_flag(tiny, monkeypatch):
+    """JAXSPEC_LOOP_GRAPHS picks which round loops compile with WHILE / CONDITIONAL command buffers; an AR engine
+    compiled with them (the option reaches XLA, which a CPU ignores) decodes the same tokens; a bad value is refused
+    naming the variable."""
+    from jaxspec.dflash import DFlash
+    from jaxspec.engine import AR, LOOP_GRAPH_COMMANDS, loop_compiler_options
+    graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS}
+    spec = object.__new__(DFlash)
+    monkeypatch.delenv("JAXSPEC_LOOP_GRAPHS", raising=False)
+    assert loop_compiler_options(AR()) == {} and loop_compiler_options(spec) == {}
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "ar")
+    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "all")
+    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == graphs
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "while")
+    with pytest.raises(ValueError, match="JAXSPEC_LOOP_GRAPHS='while'"):
+        loop_compiler_options(AR())
+    _, model = tiny
+    prompts = _prompts()[:2]
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "ar")
+    with_graphs = Engine(model).generate(prompts, 8).tokens
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
+    assert with_graphs == Engine(model).generate(prompts, 8).tokens
+
+
 def test_sampling_is_seeded_and_valid(tiny):
     _, model = tiny
     engine = Engine(model, sampling=Sampling(temperature=1.0, top_k=20, top_p=0.9))
