@@ -144,6 +144,9 @@ def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int, max_
         a = flat[path].T if transpose else flat[path]
         assert a.shape == shape, (key, a.shape, shape)
         tensors[key] = np.ascontiguousarray(a)
+    # Weights an earlier export left in the other layout would be read instead of (or beside) these.
+    for stale in [out / WEIGHTS, out / INDEX_NAME, *out.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)
     if max_shard_bytes is not None and sum(t.nbytes for t in tensors.values()) > max_shard_bytes:
         save_shards(tensors, out, max_shard_bytes)
     else:

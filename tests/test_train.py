@@ -645,6 +645,7 @@ def test_export_drafter_in_shards_round_trips_exactly(tmp_path):
     limit = 4096
     export_drafter(model, tmp_path / "one", num_target_layers=4, max_shard_bytes=10 ** 9)
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["config.json", "model.safetensors"]
+    export_drafter(model, tmp_path / "sharded", num_target_layers=4)             # an earlier export, one file
     export_drafter(model, tmp_path / "sharded", num_target_layers=4, max_shard_bytes=limit)
     shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
     assert len(shards) > 2 and not (tmp_path / "sharded" / "model.safetensors").exists()
@@ -657,6 +658,9 @@ def test_export_drafter_in_shards_round_trips_exactly(tmp_path):
             assert len(keys) == 1 or sum(f.get_tensor(k).nbytes for k in keys) <= limit
     back = load_drafter(tmp_path / "sharded")
     assert back.cfg == model.cfg
+    export_drafter(model, tmp_path / "again", num_target_layers=4, max_shard_bytes=limit)
+    export_drafter(model, tmp_path / "again", num_target_layers=4)                # and back to one file
+    assert sorted(p.name for p in (tmp_path / "again").iterdir()) == ["config.json", "model.safetensors"]
     a, b = _bits(model), _bits(back)
     for k in a:
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
