@@ -14,7 +14,7 @@ from flax import nnx
 from safetensors import safe_open
 
 from convert import store
-from convert.hf import INDEX_NAME, CheckpointError, scan, shard_files
+from convert.hf import INDEX_NAME, CheckpointError, scan
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
 
@@ -52,8 +52,7 @@ def weights_files(model_dir: Path) -> list[Path]:
     if f.is_file():
         return [f]
     if (model_dir / INDEX_NAME).exists():
-        scan(model_dir)
-        return shard_files(model_dir)
+        return sorted({info.file for info in scan(model_dir).values()})
     if list(model_dir.glob("*.safetensors")):
         found = sorted(p.name for p in model_dir.glob("*.safetensors*"))
         raise CheckpointError(f"{model_dir}: expected {WEIGHTS} (the DFlash drafter layout) or shards with "

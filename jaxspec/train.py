@@ -1552,13 +1552,14 @@ def run_drafter(args) -> int:
         loss_fn = drafter_loss_live(dgraph, tgraph, taps, gamma, exact=not args.stream_labels)
         batches = drafter_batches(seqs[:n_train], lo, args.batch, args.block, args.anchors, args.seed + 1)
         rows = lambda idx: {"tokens": seqs[n_train + idx].astype(np.int32)}
+        width = seqs.shape[1]
     else:
         loss_fn = drafter_loss_cached(dgraph, gamma, exact=not args.stream_labels)
         batches = cached_batches(cache, n_train, args.batch, args.block, args.anchors, lo, args.seed + 1)
         arrays = cache.arrays()
         rows = lambda idx: {k: np.asarray(a[n_train + idx]) for k, a in zip(("tokens", "greedy", "taps"), arrays)}
-    held_out = held_out_batches(rows, n_val, seqs.shape[1] if live else cache.arrays()[0].shape[1], args.batch,
-                                args.block, args.anchors, lo, args.seed + 2)
+        width = arrays[0].shape[1]
+    held_out = held_out_batches(rows, n_val, width, args.batch, args.block, args.anchors, lo, args.seed + 2)
     warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, n_train, positions), args.max_epochs)
     tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
