@@ -28,8 +28,10 @@ DEMO_ENV = "JAXSPEC_DEMO_DIR"
 # (bench/results/2026-12-02-h200-s24-tiles-eval64/).
 DEFAULT_BUDGET = 63
 # On a CPU a verify costs in proportion to its rows (the demo target is compute-bound there), so a small tree wins:
-# the demo pair's DDTree at budgets 4 / 8 / 16 / 63 ran at 0.55x / 0.58x / 0.63x / 0.35x AR's speed on 16 held-out
-# prompts, tau 2.31 / 2.66 / 2.93 / 3.28 (bench/results/2026-12-02-cpu-s25-budgets/).
+# session 20's demo pair's DDTree at budgets 4 / 8 / 16 / 63 ran at 0.55x / 0.58x / 0.63x / 0.35x AR's speed on 16
+# held-out prompts (bench/results/2026-12-02-cpu-s25-budgets/); session 30's pair at 4 / 8 / 16 / 32 / 63 at 0.66x /
+# 0.92x / 0.78x / 0.68x / 0.53x, tau 2.69 / 3.20 / 3.62 / 3.85 / 4.12, and 8 and 16 tie over three runs (0.88x each,
+# bench/results/2026-12-03-h200-s30-live/cpu-budgets/).
 CPU_BUDGET = 16
 MTP_TOKENS = 3
 

@@ -77,7 +77,7 @@ def test_dflash_cli(dirs, tmp_path, capsys):
 
 def test_default_budget_per_backend():
     """63 nodes beyond the root on a GPU, so that a verify is 64 rows (the tree kernels' 16-row tiles); 16 on a
-    CPU, where the demo pair's DDTree ran fastest at 16 of 4 / 8 / 16 / 63."""
+    CPU, where session 20's demo pair's DDTree ran fastest at 16 of 4 / 8 / 16 / 63 (session 30's: 8 and 16 tie)."""
     from jaxspec.generate import default_budget
     assert default_budget("gpu") == default_budget("cuda") == 63 and default_budget("cpu") == 16
 

@@ -1,12 +1,16 @@
 #!/bin/bash
-# Next GPU session, #8 (nvidia-h200, one call, ~6 min): the shipped pair's DDTree(64) on the H200, which session 23's
-# evaluation (bench/results/2026-12-02-h200-s23-peel-graphs-eval/eval) did not reach before its limits. AR runs
-# too, as the speedup's baseline. JAX's persistent compilation cache is on, so the second set reuses programs the
-# first one compiled.
-# Predicted: tau 3.29 (16 prompts) / 3.09 (48), as on the CPU; speedup 0.7-0.9x (DDTree(32): 0.95x / 0.81x).
+# #8 (nvidia-h200, one call, ~6 min): the demo pair (jaxspec/demo) on the H200, DDTree at $BUDGETS (default 64) and
+# DFlash, with AR as the speedup's baseline. JAX's persistent compilation cache is on, so the second set reuses
+# programs the first one compiled. Session 24 ran it on the previous pair: tau equal to the CPU's, DDTree(64)
+# 0.73x / 0.71x AR (bench/results/2026-12-02-h200-s24-tiles-eval64/eval/).
+# Session 30's pair (s25 target, 6-layer drafter), predicted: tau as on the CPU (DFlash 2.84 / 2.35, DDTree(64)
+# 4.13 / 3.41 on the 16 / 48 prompts); DDTree(64) 0.85-1.0x AR (the tau gain of 1.26x against ~2 more drafter
+# layers' launches a round).
+# The tree is over the device's 64 MiB with jaxspec/demo and bench/results both in it: run
+#   bash bench/next/slim.sh on jaxspec/demo      (and `bash bench/next/slim.sh off` afterwards)
 # First, on the CPU host (the held-out files are idlelib / turtledemo / tkinter sources, which the image lacks):
 #   bash bench/next/d_eval64.sh --prepare      # copies them into the untracked evaltext/, which travels
-# then: JAXSPEC_COMMIT=<hash> bash bench/next/d_eval64.sh
+# then: JAXSPEC_COMMIT=<hash> [BUDGETS="16 32 64"] bash bench/next/d_eval64.sh
 if [ "$1" = --prepare ]; then
   rm -rf evaltext && mkdir evaltext || exit 1
   for set in 16:s22-pair-share08 48:s19-pair-wide-prompts; do
@@ -23,10 +27,10 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 W=/tmp/de; mkdir -p $W
 trap 'cp $W/*.json $W/*.log $OUT/ 2>/dev/null; grep -h "tau\|speedup\|rc=" $W/*.log | tail -30' EXIT
-for set in 16:4:16:280 48:5:48:280; do
+for set in 16:4:16:330 48:5:48:250; do     # session 24: the 16 set cold ran past 280 s; warm, 66 s
   IFS=: read n seed prompts limit <<< "$set"
   timeout $limit python -m jaxspec.train eval --target jaxspec/demo/target --draft jaxspec/demo/drafter \
-    --text $(cat evaltext/list-$n.txt) --prompts $prompts --seed $seed --budgets 64 --out $W/gpu-eval-$n.json \
+    --text $(cat evaltext/list-$n.txt) --prompts $prompts --seed $seed --budgets ${BUDGETS:-64} --out $W/gpu-eval-$n.json \
     > $W/eval-$n.log 2>&1
   echo "eval $n rc=$?" >> $W/eval-$n.log
 done
