@@ -129,7 +129,8 @@ def data_mesh(batch: int | None = None):
 
 
 class Trainer:
-    """Runs `loss_fn(params, frozen, batch) -> loss` for `steps` steps with AdamW.
+    """Runs `loss_fn(params, frozen, batch) -> loss` for `steps` steps with AdamW (`evaluate` uses
+    `eval_loss_fn`, by default the same).
 
     batch_at(step) -> dict of numpy arrays, batch axis first (sharded over the devices); it must be a pure
     function of the step, so that a resumed run sees the batches the interrupted one would have seen.
@@ -141,8 +142,9 @@ class Trainer:
 
     def __init__(self, loss_fn: Callable, params, frozen, batch_at: Callable[[int], dict], *, steps: int,
                  opt: OptConfig, ckpt_dir: str | Path | None = None, ckpt_every: int = 200, name: str = "train",
-                 log_every: int = 20):
+                 log_every: int = 20, eval_loss_fn: Callable | None = None):
         self.loss_fn, self.batch_at, self.steps, self.opt = loss_fn, batch_at, int(steps), opt
+        self.eval_loss_fn = eval_loss_fn or loss_fn
         self.warmup = opt.warmup
         self.name, self.log_every, self.ckpt_every = name, log_every, ckpt_every
         first = batch_at(0)
@@ -176,7 +178,7 @@ class Trainer:
         if self._eval_fn is None:
             def ev(params, frozen, batch):
                 with dispatch.differentiable():      # the same ops as the training step
-                    return self.loss_fn(params, frozen, batch)
+                    return self.eval_loss_fn(params, frozen, batch)
             self._eval_fn = jax.jit(ev)
         put = lambda b: jax.device_put({k: np.asarray(v) for k, v in b.items()}, self.data_sharding)
         losses = [self._eval_fn(self.params, self.frozen, put(b)) for b in batches]
@@ -448,12 +450,14 @@ def corpus_windows(stream: np.ndarray, window: int, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).permutation(n) * window).astype(np.int64)
 
 
-def target_taps_greedy(target: Qwen35, tokens, tap_ids: tuple):
+def target_taps_greedy(target: Qwen35, tokens, tap_ids: tuple, log_probs: bool = False):
     """(taps [b, t, n_taps, D] float16, greedy [b, t] int32): the target's tapped hidden states and its greedy
-    prediction for the next position, teacher-forced on tokens [b, t]."""
+    prediction for the next position, teacher-forced on tokens [b, t]; with log_probs, also its
+    log-probabilities of the next token [b, t, V] (float32)."""
     b, t = tokens.shape
     logits, taps, _, _ = target(tokens, init_state(target.cfg, b, t), trees.chain(b, t), taps=tuple(tap_ids))
-    return taps.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32)
+    out = (taps.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32))
+    return out + (jax.nn.log_softmax(logits.astype(jnp.float32), -1),) if log_probs else out
 
 
 def target_features_fn(target: Qwen35, tap_ids: tuple):
@@ -574,34 +578,47 @@ def block_labels(tokens, greedy, anchors, block: int, exact: bool = True):
     return labels, valid
 
 
-def drafter_loss_cached(drafter_graphdef, gamma: float, exact: bool = True):
+def drafter_loss_cached(drafter_graphdef, gamma: float, exact: bool = True, soft: float = 0.0):
     """The DFlash loss on precomputed target features (`FeatureCache`): frozen = {"embed", "lm_head"} (the
     target's, shared by the drafter); batch {"tokens", "greedy": [b, t], "taps": [b, t, n_taps, D],
     "anchors": [b, A]}. Labels and mask from `block_labels`; the weighted cross-entropy is normalised by the
-    total weight of the valid slots."""
+    total weight of the valid slots. soft > 0: each slot's loss is (1 - soft) x the cross-entropy on the greedy
+    label + soft x the cross-entropy on the target's whole distribution there (the soft label; EAGLE trains
+    its drafter's classification loss on it), from batch["target_logp"] [b, t, V] (position p: the next token's)."""
+    if not 0.0 <= soft <= 1.0:
+        raise ValueError(f"soft label weight {soft} is not in [0, 1]")
+
     def loss(params, frozen, batch):
         drafter = nnx.merge(drafter_graphdef, params)
         bs = drafter.cfg.block_size
-        logits = drafter_block_logits(drafter, batch["taps"], batch["tokens"], batch["anchors"],
+        anchors = batch["anchors"]
+        logits = drafter_block_logits(drafter, batch["taps"], batch["tokens"], anchors,
                                       frozen["embed"], frozen["lm_head"])
-        labels, valid = block_labels(batch["tokens"], batch["greedy"], batch["anchors"], bs, exact)
-        ce = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), labels[..., None], -1)[..., 0]   # [b, A, B-1]
+        labels, valid = block_labels(batch["tokens"], batch["greedy"], anchors, bs, exact)
+        logq = jax.nn.log_softmax(logits, -1)
+        ce = -jnp.take_along_axis(logq, labels[..., None], -1)[..., 0]                         # [b, A, B-1]
+        if soft:
+            pos = (anchors[:, :, None] + jnp.arange(bs - 1)).reshape(anchors.shape[0], -1)    # slot k: anchor+k-1
+            p = jnp.exp(jax.vmap(lambda lp, i: lp[i])(batch["target_logp"], pos)).reshape(logq.shape)
+            ce = (1.0 - soft) * ce - soft * jnp.sum(p * logq, -1)
         w = jnp.asarray(loss_weights(bs, gamma)) * valid
         return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1e-6)
     return loss
 
 
-def drafter_loss_live(drafter_graphdef, target_graphdef, tap_ids: tuple, gamma: float, exact: bool = True):
+def drafter_loss_live(drafter_graphdef, target_graphdef, tap_ids: tuple, gamma: float, exact: bool = True,
+                      soft: float = 0.0):
     """`drafter_loss_cached` with the target's features made inside the step instead of read from a cache:
     frozen = {"embed", "lm_head", "target": the target's params}; batch {"tokens": [b, t], "anchors": [b, A]}.
     The taps are rounded to float16 as the cache stores them, so both give the same loss on the same tokens.
-    No disk and no feature-making phase: every training sequence can be a fresh one."""
-    cached = drafter_loss_cached(drafter_graphdef, gamma, exact)
+    No disk and no feature-making phase: every training sequence can be a fresh one. soft: the soft-label
+    weight of `drafter_loss_cached`, the target's distribution coming from the same forward."""
+    cached = drafter_loss_cached(drafter_graphdef, gamma, exact, soft)
 
     def loss(params, frozen, batch):
         target = nnx.merge(target_graphdef, frozen["target"])
-        taps, greedy = target_taps_greedy(target, batch["tokens"], tap_ids)
-        feats = {"taps": jax.lax.stop_gradient(taps), "greedy": greedy}
+        feats = target_taps_greedy(target, batch["tokens"], tap_ids, log_probs=bool(soft))
+        feats = jax.lax.stop_gradient(dict(zip(("taps", "greedy", "target_logp"), feats)))
         return cached(params, frozen, {**batch, **feats})
     return loss
 
@@ -1480,6 +1497,11 @@ def run_drafter(args) -> int:
     if 0 < args.val_sequences < args.batch:
         raise ConfigError(f"--val-sequences {args.val_sequences}: must be 0 or at least --batch ({args.batch}), "
                           f"the held-out loss being measured a whole batch at a time")
+    if not 0.0 <= args.soft_labels <= 1.0:
+        raise ConfigError(f"--soft-labels must be in [0, 1], got {args.soft_labels}")
+    if args.soft_labels and args.features != "live":
+        raise ConfigError(f"--soft-labels {args.soft_labels} needs --features live: the feature cache keeps the "
+                          f"target's greedy token, not its distribution")
     try:
         text = list(args.text) + (package_files(args.package_text, part="prompts") if args.package_text else [])
     except ValueError as e:
@@ -1549,12 +1571,14 @@ def run_drafter(args) -> int:
     lo = args.prompt_len - 1
     if live:
         tgraph, frozen["target"] = nnx.split(target)
-        loss_fn = drafter_loss_live(dgraph, tgraph, taps, gamma, exact=not args.stream_labels)
+        loss_fn = drafter_loss_live(dgraph, tgraph, taps, gamma, exact=not args.stream_labels, soft=args.soft_labels)
+        # the held-out loss stays the greedy labels' cross-entropy, comparable between runs with and without
+        eval_fn = drafter_loss_live(dgraph, tgraph, taps, gamma, exact=not args.stream_labels)
         batches = drafter_batches(seqs[:n_train], lo, args.batch, args.block, args.anchors, args.seed + 1)
         rows = lambda idx: {"tokens": seqs[n_train + idx].astype(np.int32)}
         width = seqs.shape[1]
     else:
-        loss_fn = drafter_loss_cached(dgraph, gamma, exact=not args.stream_labels)
+        loss_fn = eval_fn = drafter_loss_cached(dgraph, gamma, exact=not args.stream_labels)
         batches = cached_batches(cache, n_train, args.batch, args.block, args.anchors, lo, args.seed + 1)
         arrays = cache.arrays()
         rows = lambda idx: {k: np.asarray(a[n_train + idx]) for k, a in zip(("tokens", "greedy", "taps"), arrays)}
@@ -1563,7 +1587,7 @@ def run_drafter(args) -> int:
     warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, n_train, positions), args.max_epochs)
     tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
-                 ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter")
+                 ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter", eval_loss_fn=eval_fn)
     resumed = tr.restore()
     deadline = t_start + args.time_budget_s if args.time_budget_s else None
     val = []
@@ -1585,7 +1609,8 @@ def run_drafter(args) -> int:
                    num_target_layers=n_layers, max_shard_bytes=args.shard_mb * 2**20 if args.shard_mb else None)
     if val:
         tmp = out / "val_loss.json.tmp"
-        tmp.write_text(json.dumps({"sequences": n_val, "features": args.features, "loss_at_step": val}))
+        tmp.write_text(json.dumps({"sequences": n_val, "features": args.features, "soft_labels": args.soft_labels,
+                                   "loss": "greedy-label cross-entropy", "loss_at_step": val}))
         os.replace(tmp, out / "val_loss.json")
     log(f"drafter: {tr.step} steps, loss {np.mean(tr.losses[-20:]):.4f}"
         + (f", held-out {val[0][1]:.4f} -> {val[-1][1]:.4f}" if val else "") + f"; wrote {out / 'drafter'}")
@@ -1774,6 +1799,10 @@ def parser() -> argparse.ArgumentParser:
                    help="set the last N sequences (or windows) of the data apart and report the loss on them before "
                         "and after training (OUT/val_loss.json): the held-out loss, unlike the training loss, shows "
                         "when the drafter starts to memorise its data (default: 0, none)")
+    d.add_argument("--soft-labels", type=float, default=0.0, metavar="ALPHA",
+                   help="with --features live: weight in [0, 1] of the target's whole next-token distribution in "
+                        "each block slot's loss, the greedy token's cross-entropy keeping 1 - ALPHA (default: 0, the "
+                        "greedy token alone, as DFlash trains). The held-out loss stays the greedy token's")
     d.add_argument("--window", type=int, default=256, help="corpus: window length (default: %(default)s)")
     d.add_argument("--windows", type=int, default=0, help="corpus: windows to use (default: all of the text)")
     d.add_argument("--stream-labels", action="store_true",

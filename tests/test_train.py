@@ -251,6 +251,44 @@ def test_live_loss_equals_the_cached_loss_and_trains(tmp_path):
     assert losses[-1] < 0.9 * losses[0] and tr.evaluate([{"tokens": toks[:4], "anchors": anchors[:4]}]) < losses[-1]
 
 
+def test_soft_labels_are_the_target_distribution_at_each_slot():
+    """--soft-labels: slot k of the block at anchor a learns the target's next-token distribution at position
+    a + k - 1 (the one whose argmax is its greedy label), with the recipe's weights and masks; a weight in between
+    mixes the two losses linearly."""
+    from jaxspec.model import init_state
+    target, drafter = tiny_target(), tiny_drafter((FULL,), block=4)
+    tg, tp = nnx.split(target)
+    dg, dp = nnx.split(drafter)
+    rng = np.random.default_rng(7)
+    toks = rng.integers(2, 320, (3, 20)).astype(np.int32)
+    anchors = train.sample_anchors(rng, 3, 20, 4, 3, 4)
+    frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding(), "target": tp}
+    batch = {"tokens": toks, "anchors": anchors}
+    loss = {a: float(jax.jit(train.drafter_loss_live(dg, tg, (0, 2), 2.0, soft=a))(dp, frozen, batch))
+            for a in (0.0, 0.5, 1.0)}
+    # the reference, slot by slot, from the target's own forward
+    logits, taps, _, _ = target(jnp.asarray(toks), init_state(target.cfg, 3, 20), chain(3, 20), taps=(0, 2))
+    p_t = np.asarray(jax.nn.softmax(logits, -1), np.float64)
+    greedy = p_t.argmax(-1)
+    logq = np.asarray(jax.nn.log_softmax(train.drafter_block_logits(
+        drafter, taps.astype(jnp.float16), jnp.asarray(toks), jnp.asarray(anchors), frozen["embed"],
+        frozen["lm_head"]), -1), np.float64)                                       # [b, A, B-1, V]
+    num = den = 0.0
+    for b in range(3):
+        for j, a in enumerate(anchors[b]):
+            for k in range(1, 4):
+                if any(toks[b, a + i] != greedy[b, a + i - 1] for i in range(1, k)):
+                    break                                       # past the first slot off the greedy path
+                w = np.exp(-(k - 1) / 2.0)
+                num += w * -np.sum(p_t[b, a + k - 1] * logq[b, j, k - 1])
+                den += w
+    assert loss[1.0] == pytest.approx(num / den, rel=1e-4)
+    assert loss[0.5] == pytest.approx(0.5 * loss[0.0] + 0.5 * loss[1.0], rel=1e-5)
+    assert loss[1.0] != pytest.approx(loss[0.0], rel=1e-3)
+    with pytest.raises(ValueError, match="not in"):
+        train.drafter_loss_cached(dg, 2.0, soft=1.5)
+
+
 def test_held_out_batches_are_fixed_chunks_of_the_held_out_rows():
     seen = []
     rows = lambda idx: seen.append(idx) or {"tokens": np.stack([np.full(20, 100 + i) for i in idx])}
@@ -284,12 +322,21 @@ def test_drafter_subcommand_live_features_with_a_held_out_loss(tmp_path, capsys)
     assert "--val-sequences 12: the data has 14 sequences" in capsys.readouterr().err
     assert train.main(args + ["--shard-mb", "-1"]) == 2
     assert "--shard-mb must be >= 0" in capsys.readouterr().err
+    assert train.main(args + ["--soft-labels", "1.5"]) == 2
+    assert "--soft-labels must be in [0, 1], got 1.5" in capsys.readouterr().err
+    assert train.main(args[:-2] + ["--soft-labels", "0.5"]) == 2
+    assert "--soft-labels 0.5 needs --features live" in capsys.readouterr().err
+    assert train.main(args + ["--val-sequences", "8", "--soft-labels", "0.5", "--steps", "4",
+                              "--out", str(tmp_path / "soft")]) == 0
+    soft = json.loads((tmp_path / "soft" / "val_loss.json").read_text())
     assert train.main(args + ["--val-sequences", "8"]) == 0
     assert not (tmp_path / "out" / "features").exists()
     val = json.loads((tmp_path / "out" / "val_loss.json").read_text())
     assert val["sequences"] == 8 and val["features"] == "live" and [s for s, _ in val["loss_at_step"]] == [0, 12]
     (_, first), (_, last) = val["loss_at_step"]
     assert np.isfinite(first) and 0 < last < first, val                  # it learns what it never saw
+    # with soft labels the held-out loss is still the greedy one: the same before training
+    assert soft["soft_labels"] == 0.5 and soft["loss_at_step"][0][1] == pytest.approx(first, rel=1e-6)
     assert "held-out" in capsys.readouterr().err
     assert load_drafter(tmp_path / "out" / "drafter", dtype="float32").cfg.block_size == 4
 
