@@ -126,12 +126,13 @@ LOOP_GRAPH_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONA
 
 
 def loop_compiler_options(spec: Speculator) -> dict:
-    """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `none` (default), `ar` (WHILE /
-    CONDITIONAL command buffers for the AR loop alone) or `all`. Only a GPU compile reads them. Session 23 set them
-    for the whole process through XLA_FLAGS: the AR loop got 0.62 ms shorter a round and the DFlash / DDTree(64)
-    loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/), hence `ar`; set per loop
-    they are not yet timed on a GPU, so the default stays `none`."""
-    mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "none"
+    """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `ar` (default: WHILE / CONDITIONAL
+    command buffers for the AR loop alone), `none` or `all`. Only a GPU compile reads them. Timed in one lease on the
+    H200 at 1K context, real 27B shape: the AR loop 15.51 -> 14.95 ms a round (15.34 -> 14.38 with calls queued)
+    with `ar` against `none` (bench/results/2026-12-03-h200-s31/loop-graphs/). Set for the whole process, the same
+    option made the DFlash / DDTree(64) loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/),
+    hence not `all`."""
+    mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "ar"
     if mode not in ("none", "ar", "all"):
         raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))

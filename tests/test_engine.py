@@ -13,6 +13,7 @@ from convert.hf import load_target
 from jaxspec.engine import Engine, accept
 from jaxspec import tree as trees
 from jaxspec.sampling import Sampling, choose, log_probs
+from kernel_tests import on_gpu
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,9 @@ def test_loop_graphs_flag(tiny, monkeypatch):
     graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS}
     spec = object.__new__(DFlash)
     monkeypatch.delenv("JAXSPEC_LOOP_GRAPHS", raising=False)
+    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}   # the default is `ar`
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
     assert loop_compiler_options(AR()) == {} and loop_compiler_options(spec) == {}
-    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "ar")
-    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "all")
     assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == graphs
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "while")
@@ -95,6 +96,21 @@ def test_loop_graphs_flag(tiny, monkeypatch):
     with_graphs = Engine(model).generate(prompts, 8).tokens
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
     assert with_graphs == Engine(model).generate(prompts, 8).tokens
+
+
+@on_gpu
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_loop_graphs_on_gpu_decode_the_same_tokens(tiny, monkeypatch, temperature):
+    """On a GPU, where XLA does build the WHILE / CONDITIONAL command buffers (`ar`, the default), the AR loop decodes
+    exactly what it decodes without them (`none`), greedy and seeded sampling, over calls of several rounds each
+    (`JAX_PLATFORMS=cuda python -m pytest tests/test_engine.py -m gpu`)."""
+    _, model = tiny
+    sampling = Sampling(temperature=temperature, top_k=20) if temperature else Sampling()
+    out = {}
+    for mode in ("ar", "none"):
+        monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", mode)
+        out[mode] = Engine(model, sampling=sampling).generate(_prompts(), 24, seed=3, rounds_per_call=5).tokens
+    assert out["ar"] == out["none"] and all(len(t) == 24 for t in out["ar"])
 
 
 def test_sampling_is_seeded_and_valid(tiny):

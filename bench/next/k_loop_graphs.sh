@@ -5,6 +5,8 @@
 # DFlash and DDTree(64) 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/).
 # Predicted: the AR loop 0.5-0.8 ms shorter with `ar`; the bare AR step (not a loop) unchanged within 0.1 ms.
 # If it holds, make `ar` the default of JAXSPEC_LOOP_GRAPHS (jaxspec/engine.py `loop_compiler_options`).
+# Session 31 (bench/results/2026-12-03-h200-s31/loop-graphs/): AR loop 15.51 -> 14.95 ms (queued 15.34 -> 14.38), the
+# bare step 14.58 -> 14.45: held; `ar` is the default since. The script sets both modes explicitly.
 # JAXSPEC_COMMIT=<hash> bash bench/next/k_loop_graphs.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
