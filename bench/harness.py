@@ -43,6 +43,7 @@ from bench import profile
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.tree import chain
+from pallas_kernels import dispatch
 
 REPO = Path(__file__).resolve().parent.parent
 _T0 = time.perf_counter()
@@ -633,19 +634,12 @@ def source_hashes() -> dict:
     return {f: hashlib.sha256((REPO / f).read_bytes()).hexdigest()[:12] for f in _SOURCES if (REPO / f).exists()}
 
 
-def kernel_flags() -> dict:
-    """The JAXSPEC_* variables that choose implementations (the kernels' flags, the tree build's top-k), so
-    that a result says which ones ran; JAXSPEC_COMMIT and JAXSPEC_DEMO_DIR choose none."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith("JAXSPEC_") and k not in ("JAXSPEC_COMMIT", "JAXSPEC_DEMO_DIR")}
-
-
 def machine_info() -> dict:
     d = jax.devices()[0]
     return dict(device_kind=d.device_kind, platform=d.platform, device_count=jax.device_count(),
                 host=socket.gethostname(), python=platform.python_version(),
                 xla_flags=os.environ.get("XLA_FLAGS", ""),
-                mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ""), jaxspec_flags=kernel_flags())
+                mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ""), jaxspec_flags=dispatch.flags())
 
 
 def write_results(path: str, rows: list, **meta) -> None:

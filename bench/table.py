@@ -36,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import kernel_flags, parse_contexts
+from bench.harness import parse_contexts
+from pallas_kernels import dispatch
 
 GOALS = {  # issue #6, at 1K context on one H200
     "ar_round": ("<=", 13.5, "ms"),
@@ -285,7 +286,7 @@ def main(argv=None) -> int:
                     delta_rule=load(out / "delta_rule.json"))
     git = (rounds or {}).get("git") or {}
     machine = (rounds or {}).get("machine") or {}
-    flags = kernel_flags()                            # the parts inherit this environment
+    flags = dispatch.flags()                         # the parts inherit this environment
     table.update(parts=ran, config=args.config, dtype=args.dtype, contexts=contexts, git=git, machine=machine,
                  flags=flags, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     head = (f"# Issue #6 table: {args.config} shape, {args.dtype}, random weights\n\n"

@@ -1694,6 +1694,7 @@ def run_eval(args) -> int:
                       "no stop; tau = tokens committed per verify round",
               "commit": git_commit(), "machine": machine(), "jax": jax.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "flags": dispatch.flags(),
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],

@@ -47,3 +47,10 @@ def on_gpu() -> bool:
     """Whether the default backend is a GPU (where the Triton-lowered kernels are the default)."""
     return jax.default_backend() == "gpu"
 
+
+
+def flags() -> dict:
+    """The JAXSPEC_* variables set in this process (the kernels', the loop graphs', the tree build's), so that a
+    result can say which implementations ran; JAXSPEC_COMMIT and JAXSPEC_DEMO_DIR choose none."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("JAXSPEC_") and k not in ("JAXSPEC_COMMIT", "JAXSPEC_DEMO_DIR")}

@@ -413,7 +413,7 @@ def test_greedy_sequences_compile_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
+def test_drafter_subcommand_on_greedy_data_from_init(tmp_path, monkeypatch):
     """`drafter --data greedy --init D`: greedy continuations saved and their features cached, training starts
     from D's weights (its architecture, whatever the shape flags say) and exports the same architecture."""
     from convert.drafter import load_drafter
@@ -455,9 +455,13 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path):
     assert train.main(args[:7] + ["--init", str(bad_dir)] + args[9:]) == 2
     # the held-out evaluation of the pair: every method token-identical to AR, tau >= 1
     res = tmp_path / "eval" / "r.json"
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")     # recorded in the result; JAXSPEC_COMMIT is not a flag
+    monkeypatch.setenv("JAXSPEC_COMMIT", "0" * 40)
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "text.py"), "--out", str(res), "--prompts", "2", "--prompt-len", "8",
                        "--max-new", "6", "--budgets", "4"]) == 0
+    flags = json.loads(res.read_text())["flags"]
+    assert flags["JAXSPEC_LOOP_GRAPHS"] == "none" and "JAXSPEC_COMMIT" not in flags
     m = json.loads(res.read_text())["methods"]
     assert set(m) == {"ar", "dflash", "ddtree_b4"} and m["ar"]["tau"] == 1.0 and m["ar"]["tokens"] == 12
     assert all(m[k]["identical_to_ar"] and m[k]["tau"] >= 1.0 for k in ("dflash", "ddtree_b4"))
