@@ -10,7 +10,13 @@
 #   bash bench/next/slim.sh on jaxspec/demo      (and `bash bench/next/slim.sh off` afterwards)
 # First, on the CPU host (the held-out files are idlelib / turtledemo / tkinter sources, which the image lacks):
 #   bash bench/next/d_eval64.sh --prepare      # copies them into the untracked evaltext/, which travels
-# then: JAXSPEC_COMMIT=<hash> [BUDGETS="16 32 64"] bash bench/next/d_eval64.sh
+# then: JAXSPEC_COMMIT=<hash> [BUDGETS="16 32 64"] [SETS="16 48"] [GRAPHS="ar"] bash bench/next/d_eval64.sh
+# GRAPHS: the JAXSPEC_LOOP_GRAPHS modes to run each set with, in turn (outputs gpu-eval-<set>-<mode>.json); session 31
+# made `ar` the default, which speeds the AR baseline of a launch-bound small pair as well as the 27B one.
+# Session 31's plan for the next GPU session: SETS=16 GRAPHS="ar all". Predicted: with `ar`, AR 10-30% more tok/s
+# than session 31's 2819 (its run had no graphs), so the speedups fall below 0.87x / 0.84x; with `all`, the DFlash and
+# DDTree(64) rounds as much shorter, the speedups back to >= 0.87x / 0.84x. `all` becomes the default for a pair this
+# small only if both speculative methods gain against `ar`.
 if [ "$1" = --prepare ]; then
   rm -rf evaltext && mkdir evaltext || exit 1
   for set in 16:s22-pair-share08 48:s19-pair-wide-prompts; do
@@ -27,10 +33,13 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 export JAXSPEC_COMMIT=${JAXSPEC_COMMIT:?}
 W=/tmp/de; mkdir -p $W
 trap 'cp $W/*.json $W/*.log $OUT/ 2>/dev/null; grep -h "tau\|speedup\|rc=" $W/*.log | tail -30' EXIT
+for mode in ${GRAPHS:-ar}; do
 for set in 16:4:16:330 48:5:48:250; do     # session 24: the 16 set cold ran past 280 s; warm, 66 s
   IFS=: read n seed prompts limit <<< "$set"
-  timeout $limit python -m jaxspec.train eval --target jaxspec/demo/target --draft jaxspec/demo/drafter \
-    --text $(cat evaltext/list-$n.txt) --prompts $prompts --seed $seed --budgets ${BUDGETS:-64} --out $W/gpu-eval-$n.json \
-    > $W/eval-$n.log 2>&1
-  echo "eval $n rc=$?" >> $W/eval-$n.log
+  [[ " ${SETS:-16 48} " == *" $n "* ]] || continue
+  JAXSPEC_LOOP_GRAPHS=$mode timeout $limit python -m jaxspec.train eval --target jaxspec/demo/target \
+    --draft jaxspec/demo/drafter --text $(cat evaltext/list-$n.txt) --prompts $prompts --seed $seed \
+    --budgets ${BUDGETS:-64} --out $W/gpu-eval-$n-$mode.json > $W/eval-$n-$mode.log 2>&1
+  echo "eval $n $mode rc=$?" >> $W/eval-$n-$mode.log
+done
 done
