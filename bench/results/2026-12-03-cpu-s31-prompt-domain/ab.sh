@@ -1,0 +1,19 @@
+cd /work/main
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+for arm in S P; do
+  case $arm in
+    P) T="--text $(cat /tmp/s31/drafter-prompt-files.txt) --package-text 3000";;
+    S) T="--text $(cat /tmp/s31/target-train-files.txt)";;
+  esac
+  rm -rf /tmp/s31/ft-$arm
+  /usr/bin/time -f "ft $arm wall %e s" .venv/bin/python -m jaxspec.train drafter --target jaxspec/demo/target $T --mask-token-id 1 \
+    --init jaxspec/demo/drafter --data greedy --features live --sequences 2048 --gen-batch 256 \
+    --batch 16 --anchors 16 --steps 128 --lr 3e-4 --gamma 4 --dtype float32 --seed 42 --out /tmp/s31/ft-$arm > /tmp/s31/ft-$arm.log 2>&1
+  echo "ft $arm rc=$?"; grep "drafter: 128 steps\|wrote" /tmp/s31/ft-$arm.log | tail -1
+  T="--text $(cat bench/results/2026-12-01-h200-s19-pair-wide-prompts/eval-48-files.txt)"
+  rm -rf /tmp/s31/diagE-$arm
+  .venv/bin/python -m jaxspec.train drafter --target jaxspec/demo/target $T --mask-token-id 1 \
+    --init /tmp/s31/ft-$arm/drafter --data greedy --features live --sequences 288 --val-sequences 256 --gen-batch 96 \
+    --batch 16 --anchors 16 --steps 1 --lr 1e-12 --dtype float32 --seed 41 --out /tmp/s31/diagE-$arm > /tmp/s31/diagE-$arm.log 2>&1
+  echo "E after $arm rc=$? $(cat /tmp/s31/diagE-$arm/val_loss.json 2>/dev/null)"
+done
