@@ -48,7 +48,6 @@ def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
-
 def flags() -> dict:
     """The JAXSPEC_* variables set in this process (the kernels', the loop graphs', the tree build's), so that a
     result can say which implementations ran; JAXSPEC_COMMIT and JAXSPEC_DEMO_DIR choose none."""
