@@ -29,7 +29,6 @@ import platform
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from flax import nnx
 from bench import profile
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, TargetConfig, load_target_config, qwen36_27b
+from jaxspec.provenance import git_info
 from jaxspec.tree import chain
 from pallas_kernels import dispatch
 
@@ -606,21 +606,6 @@ def run_prefill(graphdef, cfg, params, pbytes, args) -> dict:
     log(f"prefill P={p}: {r['time']['median_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s, "
         f"{r['tflop_s_2NP']:.1f} TFLOP/s (2NP)")
     return r
-
-
-def git_info() -> dict:
-    """The commit the timed code came from. JAXSPEC_COMMIT (and JAXSPEC_DIRTY) win when set: a run from an
-    exported snapshot sits inside a checkout whose own .git may be another commit."""
-    if os.environ.get("JAXSPEC_COMMIT"):
-        return dict(commit=os.environ["JAXSPEC_COMMIT"],
-                    dirty=os.environ.get("JAXSPEC_DIRTY", "unknown") not in ("0", "false", "False"), source="env")
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True)
-        return dict(commit=head.stdout.strip(), dirty=bool(dirty.stdout.strip()), source="git")
-    except (OSError, subprocess.CalledProcessError):
-        return dict(commit="unknown", dirty=True, source="none")
 
 
 _SOURCES = ("jaxspec/model.py", "jaxspec/tree.py", "jaxspec/config.py",

@@ -58,6 +58,7 @@ from jaxspec import tree as trees
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
+from jaxspec.provenance import git_info
 from jaxspec.model import Qwen35, init_state
 from pallas_kernels import dispatch
 
@@ -1109,41 +1110,51 @@ def tau_where(tau_per_prompt: list[float], rounds_per_prompt: list[int], keep: l
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
              deadline: float | None = None, detokenize=None, corpus: list[np.ndarray] | None = None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
-    tau, token identity to AR and decode time (each method timed on a second pass, after compilation).
+    tau, token identity to AR and decode time (timed once every method has compiled, the methods taking turns on
+    each prompt).
     Per prompt too (`tau_per_prompt`, `rounds_per_prompt`), and tau over the prompts whose AR continuation does
     not loop (`not_looping`: repeated-window share <= QUIET), so that a looping target's tau can be read apart.
     With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
     characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`). With `corpus` (the
     target's training documents, token ids), also how much AR's continuations recite it (`ar.recitation`) and tau
-    over the prompts whose continuation does not (`not_reciting`: recited-window share <= FRESH). Past the
-    wall-clock `deadline` only the further DDTree budgets are skipped: AR, DFlash and the first budget always run."""
+    over the prompts whose continuation does not (`not_reciting`: recited-window share <= FRESH). A method whose
+    compilation would start past the wall-clock `deadline` is skipped, but AR, DFlash and the first DDTree budget
+    always run."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import Engine
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
     max_len = prompts.shape[1] + max_new + max(budgets + (block,)) + 2
-    out, ar_tokens = {}, None
+    engines, compile_s = {}, {}
     for name, budget in methods:
         if deadline is not None and time.time() > deadline and (name, budget) not in methods[:3]:
             log(f"eval: out of time, skipping {name} {budget or ''}")
             continue
         spec = None if name == "ar" else DFlash(drafter, target.cfg, block, budget=budget)
-        eng = Engine(target, spec, stop_tokens=())
+        engines[name, budget] = eng = Engine(target, spec, stop_tokens=())
         t0 = time.perf_counter()
         eng.generate([list(map(int, prompts[0]))], max_new, max_len=max_len)          # compile
-        compile_s = time.perf_counter() - t0
-        toks, decode, hist, per_tau, per_rounds = [], 0.0, None, [], []
-        for p in prompts:
-            r = eng.generate([list(map(int, p))], max_new, max_len=max_len)
-            toks.append(r.tokens[0])
-            decode += r.decode_s
-            hist = r.hist if hist is None else hist + r.hist
-            per_tau.append(r.tau)
-            per_rounds.append(int(r.hist.sum()))
+        compile_s[name, budget] = time.perf_counter() - t0
+    # The timed pass runs the methods in turn on each prompt (in a rotating order), so that a machine that slows
+    # down or speeds up over minutes shifts every method alike instead of whichever ran then.
+    runs = {m: [] for m in engines}
+    order = list(engines)
+    log(f"eval: timing {len(order)} methods on {len(prompts)} prompts")
+    for i, p in enumerate(prompts):
+        for m in order[i % len(order):] + order[:i % len(order)]:
+            r = engines[m].generate([list(map(int, p))], max_new, max_len=max_len)
+            runs[m].append((r.tokens[0], r.decode_s, r.hist, r.tau))      # not r.final: the device state
+    out, ar_tokens = {}, None
+    for (name, budget), rs in runs.items():
+        toks = [t for t, _, _, _ in rs]
+        decode = sum(d for _, d, _, _ in rs)
+        hist = sum(h for _, _, h, _ in rs)
+        per_tau = [tau for _, _, _, tau in rs]
+        per_rounds = [int(h.sum()) for _, _, h, _ in rs]
         key = name if budget is None else f"ddtree_b{budget}"
         rounds = int(hist.sum())
         tau = float((hist * np.arange(len(hist))).sum() / rounds) if rounds else 0.0
         entry = {"tau": tau, "rounds": rounds, "tokens": int(sum(len(t) for t in toks)), "decode_s": decode,
-                 "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s,
+                 "tok_per_s": sum(len(t) for t in toks) / max(decode, 1e-9), "compile_s": compile_s[name, budget],
                  "rounds_by_tokens": [int(x) for x in hist], "accept_by_depth": accept_by_depth(hist),
                  "tau_per_prompt": per_tau, "rounds_per_prompt": per_rounds}
         if detokenize is not None:
@@ -1198,11 +1209,7 @@ def machine() -> str:
 
 
 def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or os.environ.get("JAXSPEC_COMMIT", "unknown")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("JAXSPEC_COMMIT", "unknown")
+    return git_info()["commit"]
 
 
 # Where each phase of `pair` ends, as fractions of --time-budget-s (each phase may end sooner: the target at its
@@ -1270,7 +1277,7 @@ def run_pair(args) -> int:
     work = Path(args.work or out / "work").absolute()
     pair = work / "pair"
     tdir, ddir = pair / "target", pair / "drafter"
-    results = {"commit": os.environ.get("JAXSPEC_COMMIT") or git_commit(), "machine": machine(),
+    results = {"commit": git_commit(), "dirty": git_info()["dirty"], "machine": machine(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "tiny": bool(args.tiny), "time_budget_s": budget, "jax": jax.__version__,
                "target_size": {"hidden_size": s.target.hidden_size, "layers": s.target.num_layers,
@@ -1687,15 +1694,19 @@ def run_eval(args) -> int:
         prompts = prompts_from(text_docs(tok, files), args.prompts, args.prompt_len, args.seed)
     except ValueError as e:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
+    block = drafter.cfg.block_size if args.block_size is None else args.block_size
+    if not 2 <= block <= drafter.cfg.block_size:
+        raise ConfigError(f"--block-size {block}: must be in [2, {drafter.cfg.block_size}] (the drafter in "
+                          f"{args.draft} was trained with blocks of {drafter.cfg.block_size})")
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
-        methods = evaluate(target, drafter, prompts, args.max_new, drafter.cfg.block_size, tuple(args.budgets),
+        methods = evaluate(target, drafter, prompts, args.max_new, block, tuple(args.budgets),
                            detokenize=tok.decode, corpus=corpus)
     result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
                       "no stop; tau = tokens committed per verify round",
-              "commit": git_commit(), "machine": machine(), "jax": jax.__version__,
+              "commit": git_commit(), "dirty": git_info()["dirty"], "machine": machine(), "jax": jax.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "flags": dispatch.flags(),
-              "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
+              "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype, "block_size": block,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],
                           **({"unseen_by": str(args.unseen_by), "left_out": sorted(map(str, left_out)),
@@ -1840,6 +1851,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
     e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    e.add_argument("--block-size", type=int, default=None,
+                   help="the drafter's block: DFlash verifies a chain of this many tokens and DDTree's trees are at "
+                        "most this deep minus one (default: the block it was trained with)")
     e.add_argument("--unseen-by", metavar="RESULTS_JSON",
                    help="a `pair` run's results.json: leave out the --text files of the stdlib that its target "
                         "trained on or its drafter's prompts came from (their names are in corpus.stdlib_files); "

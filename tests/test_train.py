@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sysconfig
 import time
 import zlib
@@ -413,7 +414,7 @@ def test_greedy_sequences_compile_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_drafter_subcommand_on_greedy_data_from_init(tmp_path, monkeypatch):
+def test_drafter_subcommand_on_greedy_data_from_init(tmp_path, monkeypatch, capsys):
     """`drafter --data greedy --init D`: greedy continuations saved and their features cached, training starts
     from D's weights (its architecture, whatever the shape flags say) and exports the same architecture."""
     from convert.drafter import load_drafter
@@ -478,6 +479,22 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path, monkeypatch):
     assert conf["positions"] == 2 * 6 and 1 / 320 <= conf["median_p_max"] <= 1 and 0 <= conf["share_above_0.9"] <= 1
     assert agree["anchors"] == 2 * 5 and np.isclose(sum(x["share"] for x in agree["by_target_p_max"]), 1.0)
     assert np.isclose(sum(x["share"] * (x["agree"] or 0) for x in agree["by_target_p_max"]), agree["all"])
+    assert json.loads(res.read_text())["block_size"] == 4 and json.loads(res.read_text())["dirty"] is True
+    # --block-size 3: a chain of 3 (at most 3 tokens a round) and trees at most 2 deep, still identical to AR
+    short = tmp_path / "eval" / "short.json"
+    assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
+                       "--text", str(tmp_path / "text.py"), "--out", str(short), "--prompts", "2", "--prompt-len", "8",
+                       "--max-new", "6", "--budgets", "4", "--block-size", "3"]) == 0
+    r3 = json.loads(short.read_text())
+    assert r3["block_size"] == 3 and len(r3["methods"]["dflash"]["rounds_by_tokens"]) == 3 + 1
+    assert max(i for i, c in enumerate(r3["methods"]["ddtree_b4"]["rounds_by_tokens"]) if c) <= 3
+    assert all(r3["methods"][k]["identical_to_ar"] for k in ("dflash", "ddtree_b4"))
+    for bad in ("5", "1"):
+        assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
+                           "--text", str(tmp_path / "text.py"), "--out", str(tmp_path / "eval" / "bad.json"),
+                           "--block-size", bad]) == 2
+        assert f"--block-size {bad}: must be in [2, 4]" in capsys.readouterr().err
+    assert not (tmp_path / "eval" / "bad.json").exists()
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "missing.py"), "--out", str(res)]) == 2
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
@@ -1026,3 +1043,41 @@ def test_evaluate_past_its_deadline_still_compares_each_method():
     m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 4, 4, (3, 5), deadline=0.0)
     assert set(m) == {"ar", "dflash", "ddtree_b3"}
     assert m["dflash"]["identical_to_ar"] and m["ddtree_b3"]["identical_to_ar"]
+
+
+def test_evaluate_times_the_methods_in_turn_on_each_prompt(monkeypatch):
+    """Every method compiles first; then each prompt runs under every method before the next prompt starts (in a
+    rotating order), so a machine whose speed drifts over minutes shifts every method's decode time alike."""
+    from jaxspec import engine as E
+    calls = []
+    generate = E.Engine.generate
+    def recording(self, prompts, *a, **kw):
+        calls.append((self.spec.name + str(getattr(self.spec, "budget", "") or ""), prompts[0][0]))
+        return generate(self, prompts, *a, **kw)
+    monkeypatch.setattr(E.Engine, "generate", recording)
+    prompts = np.random.default_rng(5).integers(2, 300, (3, 8)).astype(np.int32)
+    prompts[:, 0] = [11, 12, 13]
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 4, 4, (3,))
+    names = ["ar", "dflash", "ddtree3"]
+    assert calls[:3] == [(n, 11) for n in names]                      # the compiles, on the first prompt
+    timed = calls[3:]
+    assert [p for _, p in timed] == [11] * 3 + [12] * 3 + [13] * 3
+    assert [n for n, _ in timed] == names + names[1:] + names[:1] + names[2:] + names[:2]
+    assert set(m) == {"ar", "dflash", "ddtree_b3"} and all(len(e["tau_per_prompt"]) == 3 for e in m.values())
+    assert m["dflash"]["identical_to_ar"] and m["ddtree_b3"]["identical_to_ar"]
+
+
+def test_git_info_prefers_the_commit_it_is_told(monkeypatch):
+    """JAXSPEC_COMMIT / JAXSPEC_DIRTY (a run from an exported snapshot) win over the checkout's own git; without
+    them, the checkout's HEAD and whether tracked files differ from it."""
+    from jaxspec.provenance import git_info
+    monkeypatch.setenv("JAXSPEC_COMMIT", "f" * 40)
+    monkeypatch.setenv("JAXSPEC_DIRTY", "0")
+    assert git_info() == {"commit": "f" * 40, "dirty": False, "source": "env"}
+    monkeypatch.delenv("JAXSPEC_DIRTY")
+    assert git_info()["dirty"] is True          # not said: not known to be clean
+    monkeypatch.delenv("JAXSPEC_COMMIT")
+    g = git_info()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    assert g["source"] == ("git" if head.returncode == 0 else "none")
+    assert g["commit"] == (head.stdout.strip() if head.returncode == 0 else "unknown")
