@@ -11,6 +11,7 @@
 # First, on the CPU host (the held-out files are idlelib / turtledemo / tkinter sources, which the image lacks):
 #   bash bench/next/d_eval64.sh --prepare      # copies them into the untracked evaltext/, which travels
 # then: JAXSPEC_COMMIT=<hash> [BUDGETS="16 32 64"] [SETS="16 48"] [GRAPHS="ar"] bash bench/next/d_eval64.sh
+# EXTRA: more `eval` flags (e.g. EXTRA="--dtype bfloat16" TAG=-bf16; TAG is added to the output names).
 # GRAPHS: the JAXSPEC_LOOP_GRAPHS modes to run each set with, in turn (outputs gpu-eval-<set>-<mode>.json); session 31
 # made `ar` the default, which speeds the AR baseline of a launch-bound small pair as well as the 27B one.
 # Session 31's plan for the next GPU session: SETS=16 GRAPHS="ar all". Predicted: with `ar`, AR 10-30% more tok/s
@@ -39,7 +40,7 @@ for set in 16:4:16:330 48:5:48:250; do     # session 24: the 16 set cold ran pas
   [[ " ${SETS:-16 48} " == *" $n "* ]] || continue
   JAXSPEC_LOOP_GRAPHS=$mode timeout $limit python -m jaxspec.train eval --target jaxspec/demo/target \
     --draft jaxspec/demo/drafter --text $(cat evaltext/list-$n.txt) --prompts $prompts --seed $seed \
-    --budgets ${BUDGETS:-64} --out $W/gpu-eval-$n-$mode.json > $W/eval-$n-$mode.log 2>&1
-  echo "eval $n $mode rc=$?" >> $W/eval-$n-$mode.log
+    --budgets ${BUDGETS:-64} $EXTRA --out $W/gpu-eval-$n-$mode$TAG.json > $W/eval-$n-$mode$TAG.log 2>&1
+  echo "eval $n $mode$TAG rc=$?" >> $W/eval-$n-$mode$TAG.log
 done
 done
