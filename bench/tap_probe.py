@@ -81,7 +81,7 @@ def probe_inputs(h, anchor_emb, taps):
 def main(argv=None) -> int:
     from convert.store import load_model
     from jaxspec.tokenizer import load_tokenizer
-    from jaxspec.train import git_commit, greedy_generate, machine, prompts_from, text_docs
+    from jaxspec.train import git_info, greedy_generate, machine, prompts_from, text_docs
 
     ap = argparse.ArgumentParser(prog="python -m bench.tap_probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     out = {"what": "linear probes from the target's hidden states at a - 1 (the tapped layers) and embed(x_a) to "
                    "the target's greedy x_{a+1}: top-1 agreement (python -m bench.tap_probe)",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": git_commit(), "machine": machine(), "jax": jax.__version__, "target": args.target, "prompts": args.prompts, "eval_prompts": args.eval_prompts,
+           "commit": git_info()["commit"], "machine": machine(), "jax": jax.__version__, "target": args.target, "prompts": args.prompts, "eval_prompts": args.eval_prompts,
            "prompt_len": args.prompt_len, "gen": args.gen, "epochs": args.epochs, "seconds": time.time() - t0,
            "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tarfile
@@ -1208,10 +1207,6 @@ def machine() -> str:
     return f"{len(devs)}x {devs[0].device_kind} ({jax.default_backend()}), {os.cpu_count()} CPU cores, {platform.node()}"
 
 
-def git_commit() -> str:
-    return git_info()["commit"]
-
-
 # Where each phase of `pair` ends, as fractions of --time-budget-s (each phase may end sooner: the target at its
 # step or epoch cap, the data when it is all made). The greedy continuations get 12%: at 4096 prompts a batch
 # an H200 makes ~50K of them in a minute, and the drafter needs that many not to memorise them.
@@ -1277,7 +1272,8 @@ def run_pair(args) -> int:
     work = Path(args.work or out / "work").absolute()
     pair = work / "pair"
     tdir, ddir = pair / "target", pair / "drafter"
-    results = {"commit": git_commit(), "dirty": git_info()["dirty"], "machine": machine(),
+    git = git_info()
+    results = {"commit": git["commit"], "dirty": git["dirty"], "machine": machine(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "tiny": bool(args.tiny), "time_budget_s": budget, "jax": jax.__version__,
                "target_size": {"hidden_size": s.target.hidden_size, "layers": s.target.num_layers,
@@ -1701,9 +1697,10 @@ def run_eval(args) -> int:
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
         methods = evaluate(target, drafter, prompts, args.max_new, block, tuple(args.budgets),
                            detokenize=tok.decode, corpus=corpus)
+    git = git_info()
     result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
                       "no stop; tau = tokens committed per verify round",
-              "commit": git_commit(), "dirty": git_info()["dirty"], "machine": machine(), "jax": jax.__version__,
+              "commit": git["commit"], "dirty": git["dirty"], "machine": machine(), "jax": jax.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "flags": dispatch.flags(),
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype, "block_size": block,
