@@ -19,6 +19,16 @@ from jaxspec.engine import Proposal, Speculator
 from jaxspec.sampling import log_probs
 
 
+def block_size_for(cfg, block_size: int | None) -> int:
+    """The block a drafter of `cfg` drafts: `block_size` (--block-size), or the one it was trained with. A ConfigError
+    unless 2 <= it <= the trained block."""
+    bs = cfg.block_size if block_size is None else int(block_size)
+    if not 2 <= bs <= cfg.block_size:
+        raise ConfigError(f"--block-size {bs}: must be in [2, {cfg.block_size}] (the drafter was trained "
+                          f"with blocks of {cfg.block_size})")
+    return bs
+
+
 class DFlash(Speculator):
     """DFlash (budget None) or DDTree (budget B: a tree of B + 1 nodes, depth <= block_size - 1)."""
 
@@ -26,10 +36,7 @@ class DFlash(Speculator):
                  budget: int | None = None):
         cfg = drafter.cfg
         check_pair(cfg, target)
-        bs = cfg.block_size if block_size is None else int(block_size)
-        if not 2 <= bs <= cfg.block_size:
-            raise ConfigError(f"--block-size {bs}: must be in [2, {cfg.block_size}] (the drafter was trained "
-                              f"with blocks of {cfg.block_size})")
+        bs = block_size_for(cfg, block_size)
         if budget is not None and budget < 1:
             raise ConfigError(f"--budget {budget}: must be >= 1")
         self.cfg, self.block_size, self.budget, self.taps = cfg, bs, budget, tuple(cfg.target_layer_ids)

@@ -1690,10 +1690,8 @@ def run_eval(args) -> int:
         prompts = prompts_from(text_docs(tok, files), args.prompts, args.prompt_len, args.seed)
     except ValueError as e:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
-    block = drafter.cfg.block_size if args.block_size is None else args.block_size
-    if not 2 <= block <= drafter.cfg.block_size:
-        raise ConfigError(f"--block-size {block}: must be in [2, {drafter.cfg.block_size}] (the drafter in "
-                          f"{args.draft} was trained with blocks of {drafter.cfg.block_size})")
+    from jaxspec.dflash import block_size_for
+    block = block_size_for(drafter.cfg, args.block_size)        # refused here, before any method compiles
     with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
         methods = evaluate(target, drafter, prompts, args.max_new, block, tuple(args.budgets),
                            detokenize=tok.decode, corpus=corpus)
