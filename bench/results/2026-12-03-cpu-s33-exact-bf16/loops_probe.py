@@ -1,0 +1,34 @@
+# The AR engine against the DFlash engine, bf16, greedy, 128 new tokens, on 16 64-token windows of this repository's
+# jaxspec/*.py files: which prompts part, and at which token. Run as is (the engine) or under exact.py.
+#   PYTHONPATH=. python [bench/results/2026-12-03-cpu-s33-exact-bf16/exact.py] \
+#       bench/results/2026-12-03-cpu-s33-exact-bf16/loops_probe.py OUT.json
+import glob
+import json
+import sys
+
+import numpy as np
+
+from convert.drafter import load_drafter
+from convert.hf import load_target
+from jaxspec.dflash import DFlash
+from jaxspec.engine import Engine
+from jaxspec.tokenizer import load_tokenizer
+
+t = load_target("jaxspec/demo/target", dtype="bfloat16")
+tok = load_tokenizer("jaxspec/demo/target")
+rng = np.random.default_rng(3)
+prompts = []
+for f in sorted(glob.glob("jaxspec/*.py"))[:16]:
+    ids = tok.encode(open(f).read())
+    s = int(rng.integers(0, max(1, len(ids) - 64)))
+    prompts.append(ids[s:s + 64])
+ar = Engine(t, None, stop_tokens=())
+df = Engine(t, DFlash(load_drafter("jaxspec/demo/drafter", dtype="bfloat16"), t.cfg, 16), stop_tokens=())
+rows = []
+for p in prompts:
+    a = list(ar.generate([p], 128, max_len=260).tokens[0])
+    d = list(df.generate([p], 128, max_len=260).tokens[0])
+    rows.append(next((i for i, (x, y) in enumerate(zip(a, d)) if x != y), None))
+out = {"first_differing_token": rows, "identical": sum(r is None for r in rows), "prompts": len(rows)}
+print(json.dumps(out))
+json.dump(out, open(sys.argv[1], "w"), indent=1)
