@@ -1106,12 +1106,22 @@ def tau_where(tau_per_prompt: list[float], rounds_per_prompt: list[int], keep: l
     return sum(t * n for t, n, k in zip(tau_per_prompt, rounds_per_prompt, keep) if k) / r if r else None
 
 
+def first_difference(a, b) -> int | None:
+    """The index of the first token where two continuations part (the shorter one's length if one is a prefix of
+    the other); None if they are the same."""
+    a, b = [int(x) for x in a], [int(x) for x in b]
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
              deadline: float | None = None, detokenize=None, corpus: list[np.ndarray] | None = None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
     tau, token identity to AR and decode time (timed once every method has compiled, the methods taking turns on
     each prompt).
-    Per prompt too (`tau_per_prompt`, `rounds_per_prompt`), and tau over the prompts whose AR continuation does
+    Per prompt too (`tau_per_prompt`, `rounds_per_prompt`, and where each prompt's tokens first part from AR's,
+    `first_difference_per_prompt`: None where they never do), and tau over the prompts whose AR continuation does
     not loop (`not_looping`: repeated-window share <= QUIET), so that a looping target's tau can be read apart.
     With `detokenize` (token ids -> text), also the characters of the continuations and per round: tau in
     characters, comparable across tokenizers; and AR's continuations as text (`ar.texts`). With `corpus` (the
@@ -1175,9 +1185,10 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
                     f"training text")
             entry.update(greedy_diagnostics(target, drafter, prompts, toks))
         else:
-            same = [a == b for a, b in zip(ar_tokens, toks)]
-            entry["identical_to_ar"] = all(same)
-            entry["identical_prompts"] = int(sum(same))
+            parts = [first_difference(a, b) for a, b in zip(ar_tokens, toks)]
+            entry["identical_to_ar"] = all(i is None for i in parts)
+            entry["identical_prompts"] = sum(i is None for i in parts)
+            entry["first_difference_per_prompt"] = parts     # where each prompt's tokens part from AR's (None: never)
             quiet = [x is not None and x <= QUIET for x in out["ar"]["repetition"]["per_prompt"]]
             entry["not_looping"] = {"max_share": QUIET, "prompts": int(sum(quiet)),
                                     "tau": tau_where(per_tau, per_rounds, quiet)}
@@ -1190,7 +1201,8 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
         log(f"eval {key}: tau {tau:.2f}"
             + (f" ({entry['chars_per_round']:.2f} chars/round)" if detokenize is not None else "")
             + f", {entry['tok_per_s']:.1f} tok/s"
-            + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}" if name != "ar" else "")
+            + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}"
+               f" ({entry['identical_prompts']}/{len(toks)} prompts)" if name != "ar" else "")
             + (f"; tau {entry['not_looping']['tau']:.2f} on the {entry['not_looping']['prompts']} prompts that do not "
                f"loop" if name != "ar" and entry["not_looping"]["tau"] is not None else "")
             + (f"; tau {entry['not_reciting']['tau']:.2f} on the {entry['not_reciting']['prompts']} that do not "

@@ -1043,6 +1043,15 @@ def test_evaluate_past_its_deadline_still_compares_each_method():
     m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 4, 4, (3, 5), deadline=0.0)
     assert set(m) == {"ar", "dflash", "ddtree_b3"}
     assert m["dflash"]["identical_to_ar"] and m["ddtree_b3"]["identical_to_ar"]
+    assert m["dflash"]["first_difference_per_prompt"] == [None] and m["dflash"]["identical_prompts"] == 1
+
+
+def test_first_difference_says_where_two_continuations_part():
+    """The eval's per-prompt record of where a method's tokens part from AR's (bf16 runs part at near-ties)."""
+    assert train.first_difference([5, 6, 7], np.array([5, 6, 7])) is None
+    assert train.first_difference([5, 6, 7], [5, 9, 7]) == 1
+    assert train.first_difference([5, 6, 7], [4, 6, 7]) == 0
+    assert train.first_difference([5, 6], [5, 6, 7]) == 2          # one a prefix of the other: where it stops
 
 
 def test_evaluate_times_the_methods_in_turn_on_each_prompt(monkeypatch):
