@@ -4,8 +4,8 @@
 # rounds run). Per row: do the logits and each layer's output agree bit for bit? Run under exact.py for the tiles.
 #   PYTHONPATH=. python [bench/results/2026-12-03-cpu-s33-exact-bf16/exact.py] \
 #       bench/results/2026-12-03-cpu-s33-exact-bf16/chain_probe.py OUT.json [WINDOW [CHAINS]]
-import glob
 import json
+import os
 import sys
 
 import jax
@@ -18,17 +18,15 @@ from jaxspec.engine import Engine
 from jaxspec.model import commit, init_state
 from jaxspec.tokenizer import load_tokenizer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from windows import windows  # noqa: E402
+
 window = int(sys.argv[2]) if len(sys.argv) > 2 else 15
 chains = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 T = 16 * chains
 t = load_target("jaxspec/demo/target", dtype="bfloat16")
 tok = load_tokenizer("jaxspec/demo/target")
-rng = np.random.default_rng(3)
-prompts = []
-for f in sorted(glob.glob("jaxspec/*.py"))[:16]:
-    ids = tok.encode(open(f).read())
-    s = int(rng.integers(0, max(1, len(ids) - 64)))
-    prompts.append(ids[s:s + 64])
+prompts = windows(tok)
 p = prompts[window]
 a = [int(x) for x in Engine(t, None, stop_tokens=()).generate([p], T + 1, max_len=300).tokens[0]]
 taps = tuple(range(t.cfg.num_layers))

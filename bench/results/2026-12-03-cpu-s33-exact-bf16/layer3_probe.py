@@ -3,8 +3,8 @@
 # output, bit-equal there) and the same committed state. Run under exact.py.
 #   PYTHONPATH=. python bench/results/2026-12-03-cpu-s33-exact-bf16/exact.py \
 #       bench/results/2026-12-03-cpu-s33-exact-bf16/layer3_probe.py OUT.json [ROW]
-import glob
 import json
+import os
 import sys
 
 import jax
@@ -18,15 +18,13 @@ from jaxspec.engine import Engine
 from jaxspec.tokenizer import load_tokenizer
 
 row = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from windows import windows  # noqa: E402
+
 t = load_target("jaxspec/demo/target", dtype="bfloat16")
 cfg = t.cfg
 tok = load_tokenizer("jaxspec/demo/target")
-rng = np.random.default_rng(3)
-prompts = []
-for f in sorted(glob.glob("jaxspec/*.py"))[:16]:
-    ids = tok.encode(open(f).read())
-    s = int(rng.integers(0, max(1, len(ids) - 64)))
-    prompts.append(ids[s:s + 64])
+prompts = windows(tok)
 p = prompts[15]
 a = [int(x) for x in Engine(t, None, stop_tokens=()).generate([p], 17, max_len=300).tokens[0]]
 taps = tuple(range(cfg.num_layers))

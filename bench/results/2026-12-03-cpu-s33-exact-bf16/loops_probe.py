@@ -2,11 +2,9 @@
 # jaxspec/*.py files: which prompts part, and at which token. Run as is (the engine) or under exact.py.
 #   PYTHONPATH=. python [bench/results/2026-12-03-cpu-s33-exact-bf16/exact.py] \
 #       bench/results/2026-12-03-cpu-s33-exact-bf16/loops_probe.py OUT.json
-import glob
 import json
+import os
 import sys
-
-import numpy as np
 
 from convert.drafter import load_drafter
 from convert.hf import load_target
@@ -14,14 +12,12 @@ from jaxspec.dflash import DFlash
 from jaxspec.engine import Engine
 from jaxspec.tokenizer import load_tokenizer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from windows import windows  # noqa: E402
+
 t = load_target("jaxspec/demo/target", dtype="bfloat16")
 tok = load_tokenizer("jaxspec/demo/target")
-rng = np.random.default_rng(3)
-prompts = []
-for f in sorted(glob.glob("jaxspec/*.py"))[:16]:
-    ids = tok.encode(open(f).read())
-    s = int(rng.integers(0, max(1, len(ids) - 64)))
-    prompts.append(ids[s:s + 64])
+prompts = windows(tok)
 ar = Engine(t, None, stop_tokens=())
 df = Engine(t, DFlash(load_drafter("jaxspec/demo/drafter", dtype="bfloat16"), t.cfg, 16), stop_tokens=())
 rows = []

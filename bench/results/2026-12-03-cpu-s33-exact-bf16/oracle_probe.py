@@ -3,12 +3,11 @@
 # 16), on the 16 windows of loops_probe.py. Run under exact.py for the tiled products.
 #   PYTHONPATH=.:tests python [bench/results/2026-12-03-cpu-s33-exact-bf16/exact.py] \
 #       bench/results/2026-12-03-cpu-s33-exact-bf16/oracle_probe.py OUT.json
-import glob
 import json
+import os
 import sys
 
 import jax.numpy as jnp
-import numpy as np
 
 from convert.hf import load_target
 from jaxspec import tree as trees
@@ -27,14 +26,12 @@ class FullChain(OracleChain):
         return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, n)), pos
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from windows import windows  # noqa: E402
+
 t = load_target("jaxspec/demo/target", dtype="bfloat16")
 tok = load_tokenizer("jaxspec/demo/target")
-rng = np.random.default_rng(3)
-prompts = []
-for f in sorted(glob.glob("jaxspec/*.py"))[:16]:
-    ids = tok.encode(open(f).read())
-    s = int(rng.integers(0, max(1, len(ids) - 64)))
-    prompts.append(ids[s:s + 64])
+prompts = windows(tok)
 ar = Engine(t, None, stop_tokens=())
 out = {"full": [], "random": []}
 for p in prompts:
