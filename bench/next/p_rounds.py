@@ -69,7 +69,8 @@ def main(argv=None) -> int:
             p.error(f"--methods {m}: expected ar, dflash or ddtreeB with B a number")
     os.makedirs(args.out, exist_ok=True)
     prompt = [int(i) for i in np.random.default_rng(0).integers(10, 4000, 64)]
-    max_len = 64 + args.new + 66 + 2
+    tree = max([16] + [int(m[6:]) + 1 for m in args.methods if m.startswith("ddtree")])   # nodes a round verifies
+    max_len = len(prompt) + args.new + tree + 2
     for dtype in args.dtypes:
         target = load_target(str(demo_dir() / "target"), dtype=dtype)
         for method in args.methods:
