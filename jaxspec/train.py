@@ -702,6 +702,11 @@ def stdlib_files() -> list[Path]:
 
 
 PACKAGE_PARTS = ("target", "prompts")
+# What `eval --matmul-precision` accepts: jax.default_matmul_precision's levels and the DotAlgorithmPresets that take
+# fp32 products (the X3/X6/X9 ones split each fp32 operand into bf16 parts for the tensor cores).
+MATMUL_PRECISIONS = ("default", "high", "highest", "bfloat16", "tensorfloat32", "float32", "F32_F32_F32",
+                     "TF32_TF32_F32", "TF32_TF32_F32_X3", "BF16_BF16_F32", "BF16_BF16_F32_X3", "BF16_BF16_F32_X6",
+                     "BF16_BF16_F32_X9")
 
 
 def stdlib_name(f, root=None) -> str | None:
@@ -1704,7 +1709,8 @@ def run_eval(args) -> int:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
     from jaxspec.dflash import block_size_for
     block = block_size_for(drafter.cfg, args.block_size)        # refused here, before any method compiles
-    with jax.default_matmul_precision("highest" if args.dtype == "float32" else "default"):
+    precision = args.matmul_precision or ("highest" if args.dtype == "float32" else "default")
+    with jax.default_matmul_precision(precision):
         methods = evaluate(target, drafter, prompts, args.max_new, block, tuple(args.budgets),
                            detokenize=tok.decode, corpus=corpus)
     git = git_info()
@@ -1713,7 +1719,8 @@ def run_eval(args) -> int:
               "commit": git["commit"], "dirty": git["dirty"], "machine": machine(), "jax": jax.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "flags": dispatch.flags(),
-              "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype, "block_size": block,
+              "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype, "matmul_precision": precision,
+              "block_size": block,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],
                           **({"unseen_by": str(args.unseen_by), "left_out": sorted(map(str, left_out)),
@@ -1858,6 +1865,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
     e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    e.add_argument("--matmul-precision", default=None, choices=MATMUL_PRECISIONS, metavar="P",
+                   help="jax.default_matmul_precision for every method alike (AR included): 'highest' (full fp32 "
+                        "products), 'tensorfloat32', 'default', or a jax.lax.DotAlgorithmPreset name such as "
+                        "BF16_BF16_F32_X6 (default: 'highest' with --dtype float32, else 'default')")
     e.add_argument("--block-size", type=int, default=None,
                    help="the drafter's block: DFlash verifies a chain of this many tokens and DDTree's trees are at "
                         "most this deep minus one (default: the block it was trained with)")

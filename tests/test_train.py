@@ -480,12 +480,16 @@ def test_drafter_subcommand_on_greedy_data_from_init(tmp_path, monkeypatch, caps
     assert agree["anchors"] == 2 * 5 and np.isclose(sum(x["share"] for x in agree["by_target_p_max"]), 1.0)
     assert np.isclose(sum(x["share"] * (x["agree"] or 0) for x in agree["by_target_p_max"]), agree["all"])
     assert json.loads(res.read_text())["block_size"] == 4 and json.loads(res.read_text())["dirty"] is True
-    # --block-size 3: a chain of 3 (at most 3 tokens a round) and trees at most 2 deep, still identical to AR
+    assert json.loads(res.read_text())["matmul_precision"] == "highest"      # fp32's default: full fp32 products
+    # --block-size 3: a chain of 3 (at most 3 tokens a round) and trees at most 2 deep, still identical to AR;
+    # and fp32 products as six bf16 ones (--matmul-precision), recorded
     short = tmp_path / "eval" / "short.json"
     assert train.main(["eval", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "out" / "drafter"),
                        "--text", str(tmp_path / "text.py"), "--out", str(short), "--prompts", "2", "--prompt-len", "8",
-                       "--max-new", "6", "--budgets", "4", "--block-size", "3"]) == 0
+                       "--max-new", "6", "--budgets", "4", "--block-size", "3",
+                       "--matmul-precision", "BF16_BF16_F32_X6"]) == 0
     r3 = json.loads(short.read_text())
+    assert r3["matmul_precision"] == "BF16_BF16_F32_X6"
     assert r3["block_size"] == 3 and len(r3["methods"]["dflash"]["rounds_by_tokens"]) == 3 + 1
     assert max(i for i, c in enumerate(r3["methods"]["ddtree_b4"]["rounds_by_tokens"]) if c) <= 3
     assert all(r3["methods"][k]["identical_to_ar"] for k in ("dflash", "ddtree_b4"))
