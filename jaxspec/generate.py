@@ -91,6 +91,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
                    help="parameter/activation dtype (default: the checkpoint's; float32 for the tiny model)")
+    p.add_argument("--draft-dtype", choices=("bfloat16", "float32", "float16"), default=None,
+                   help="the drafter's dtype (default: the target's). The drafter only proposes and the target "
+                        "checks every token, so e.g. a bfloat16 drafter under a float32 target changes the speed "
+                        "and the acceptance, never the output")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
     p.add_argument("--rounds-per-call", type=int, default=8,
                    help="decode rounds per compiled call between streamed prints (default: %(default)s)")
@@ -119,8 +123,8 @@ def main(argv=None) -> int:
         parser().error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.method in ("dflash", "ddtree") and not args.draft:
         parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
-    if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size):
-        parser().error("--draft/--block-size only apply to --method dflash or ddtree")
+    if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size or args.draft_dtype):
+        parser().error("--draft/--block-size/--draft-dtype only apply to --method dflash or ddtree")
     for flag, attr, method in (("--budget", "budget", "ddtree"), ("--mtp-tokens", "mtp_tokens", "mtp")):
         # A count that belongs to one method: refused elsewhere, at least 1 (defaulted below).
         if getattr(args, attr) is not None and args.method != method:
@@ -198,7 +202,7 @@ def main(argv=None) -> int:
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash
         try:
-            drafter = load_draft(args.draft, dtype=str(model.cfg.dtype))
+            drafter = load_draft(args.draft, dtype=args.draft_dtype or str(model.cfg.dtype))
             if mesh is not None:
                 drafter = sharding.shard_drafter(drafter, mesh)
             speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)

@@ -4,6 +4,8 @@ and real speculative decoding with it (greedy DDTree token-identical to AR, with
 import json
 from pathlib import Path
 
+import pytest
+
 from jaxspec.generate import demo_dir
 
 DEMO = Path(__file__).resolve().parents[1] / "jaxspec" / "demo"
@@ -31,10 +33,12 @@ def test_drafter_belongs_to_the_target():
     assert 0 <= drafter["dflash_config"]["mask_token_id"] < target["vocab_size"]
 
 
-def test_ddtree_is_lossless_and_accepts_drafts(monkeypatch):
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16"])
+def test_ddtree_is_lossless_and_accepts_drafts(monkeypatch, draft_dtype):
     """Greedy DDTree(8) with the shipped drafter prints exactly AR's tokens, and accepts more than one token a
     round: a drafter that does not belong to this target (or random weights) gets ~1.0. DDTree(8) with this pair
-    averaged 3.20 / 2.70 a round on the 16 / 48 held-out prompts (bench/results/2026-12-03-h200-s30-live/cpu-budgets/)."""
+    averaged 3.20 / 2.70 a round on the 16 / 48 held-out prompts (bench/results/2026-12-03-h200-s30-live/cpu-budgets/).
+    A bfloat16 drafter under the float32 target (`--draft-dtype bfloat16`) proposes other trees, never other tokens."""
     from convert.drafter import load_draft
     from convert.store import load_model
     from jaxspec.dflash import DFlash
@@ -45,7 +49,7 @@ def test_ddtree_is_lossless_and_accepts_drafts(monkeypatch):
     assert demo_dir() == DEMO
     model = load_model(str(DEMO / "target"), dtype="float32")
     ids = load_tokenizer(str(DEMO / "target")).encode(PROMPT)
-    spec = DFlash(load_draft(str(DEMO / "drafter"), dtype="float32"), model.cfg, 16, budget=8)
+    spec = DFlash(load_draft(str(DEMO / "drafter"), dtype=draft_dtype), model.cfg, 16, budget=8)
     ar = Engine(model).generate([ids], 48, seed=0)
     tree = Engine(model, spec).generate([ids], 48, seed=0)
     assert tree.tokens == ar.tokens and len(ar.tokens[0]) == 48

@@ -65,6 +65,10 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     dflash = capsys.readouterr()
     assert dflash.out == ar.out               # greedy DFlash prints exactly the AR text
     assert "acceptance histogram" in dflash.err and "12 tokens" in dflash.err
+    # a bfloat16 drafter under the float32 target: it only proposes, so the text is still AR's
+    assert main(args + ["--method", "dflash", "--draft", str(draft), "--block-size", "4",
+                        "--draft-dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out == ar.out
     assert main(args + ["--method", "ddtree", "--draft", str(draft), "--budget", "9"]) == 0
     ddtree = capsys.readouterr()
     assert ddtree.out == ar.out and "method ddtree (budget 9)" in ddtree.err
@@ -110,6 +114,7 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--method", "dflash"], "--draft"),
     (["--block-size", "4"], "--draft/--block-size"),
     (["--budget", "4"], "--budget only"),
+    (["--draft-dtype", "bfloat16"], "--draft-dtype only apply"),
     (["--method", "ddtree"], "--draft"),
 ])
 def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
