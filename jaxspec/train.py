@@ -1194,6 +1194,9 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             entry["identical_to_ar"] = all(i is None for i in parts)
             entry["identical_prompts"] = sum(i is None for i in parts)
             entry["first_difference_per_prompt"] = parts     # where each prompt's tokens part from AR's (None: never)
+            if detokenize is not None:     # what it wrote instead, so that runs at other settings compare too
+                entry["texts_where_different"] = {str(i): detokenize([int(x) for x in t])
+                                                  for i, (t, d) in enumerate(zip(toks, parts)) if d is not None}
             quiet = [x is not None and x <= QUIET for x in out["ar"]["repetition"]["per_prompt"]]
             entry["not_looping"] = {"max_share": QUIET, "prompts": int(sum(quiet)),
                                     "tau": tau_where(per_tau, per_rounds, quiet)}

@@ -1080,6 +1080,26 @@ def test_evaluate_times_the_methods_in_turn_on_each_prompt(monkeypatch):
     assert m["dflash"]["identical_to_ar"] and m["ddtree_b3"]["identical_to_ar"]
 
 
+def test_evaluate_keeps_the_text_where_a_method_parts_from_ar(monkeypatch):
+    """Where a method's tokens part from AR's (as bf16 or other product precisions can), the eval says where and
+    keeps what the method wrote, by prompt; prompts identical to AR's keep nothing beyond AR's own texts."""
+    from jaxspec import engine as E
+    generate = E.Engine.generate
+    def parting(self, prompts, *a, **kw):
+        r = generate(self, prompts, *a, **kw)
+        if self.spec.name == "dflash" and prompts[0][0] == 12:       # the second prompt's last token, changed
+            r.tokens[0][-1] = r.tokens[0][-1] + 1
+        return r
+    monkeypatch.setattr(E.Engine, "generate", parting)
+    prompts = np.random.default_rng(5).integers(2, 300, (2, 8)).astype(np.int32)
+    prompts[:, 0] = [11, 12]
+    text = lambda ids: " ".join(map(str, ids))
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 5, 4, (), detokenize=text)
+    assert m["dflash"]["first_difference_per_prompt"] == [None, 4] and m["dflash"]["identical_prompts"] == 1
+    ar1 = [int(x) for x in m["ar"]["texts"][1].split()]
+    assert m["dflash"]["texts_where_different"] == {"1": text(ar1[:4] + [ar1[4] + 1])}
+
+
 def test_git_info_prefers_the_commit_it_is_told(monkeypatch):
     """JAXSPEC_COMMIT / JAXSPEC_DIRTY (a run from an exported snapshot) win over the checkout's own git; without
     them, the checkout's HEAD and whether tracked files differ from it."""

@@ -1,19 +1,21 @@
 """Where an AR step and a speculative round of the demo pair spend their time, per dtype (next GPU session, #8).
 
     PYTHONPATH=. python bench/next/p_rounds.py --out DIR [--dtypes float32 bfloat16] [--methods ar dflash ddtree64]
-                                               [--precision BF16_BF16_F32_X6]
+                                               [--precision BF16_BF16_F32_X6] [--draft-dtype bfloat16]
 
 Session 33 (bench/results/2026-12-03-h200-s33/) measured on the H200 a DFlash round of 1.111 ms in fp32 and 0.722 ms
 in bf16, where AR went only 0.351 -> 0.300 ms: the fp32 round spends ~0.4 ms in something bf16 does much faster.
 Predicted: the difference sits in the 16- and 17-row products (full fp32 at `highest` precision, no TF32), spread over
 the ~60 products of the target's verify and the drafter, not in one op.
 Session 34 ran it (bench/results/2026-12-03-h200-s34/prof/): three product fusions, each once per layer of the target
-and the drafter (14-15 calls a round), took 316 us of the fp32 DFlash round and ~85 us of the bf16 one: held, the
-gap is the products. --precision then times fp32 products done another way (e.g. as bf16 passes on the tensor cores).
+and the drafter (14-15 calls a round), took 316 us of the fp32 DFlash round; in bf16 two of them took 85 us and the
+third was under the list's 37 us: held, most of the gap is the products (and ~0.1 ms is the tree attention kernel).
+--precision then times fp32 products done another way (e.g. as bf16 passes on the tensor cores); --draft-dtype
+bfloat16 puts the drafter alone in bf16 (the output stays the fp32 target's).
 For each dtype and method: the compiled loop on one random 64-token prompt (128 new tokens) is timed three times,
-then traced once with jax.profiler; DIR/<method>-<dtype>[-<precision>].txt lists the trace's events by total time per
-round, the device's (the kernels) apart from the host's (launches, Python). On the CPU it runs too (a dry
-run of the script); there the events are XLA's thunks.
+then traced once with jax.profiler; DIR/<method>-<dtype>[-<precision>][-draft<dtype>].txt lists the trace's events by
+total time per round, the device's (the kernels) apart from the host's (launches, Python). On the CPU it runs too (a
+dry run of the script); there the events are XLA's thunks.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from jaxspec.generate import demo_dir
 
 
 def speculator(method: str, target, dtype: str):
-    """None for AR; DFlash for `dflash`; DDTree at budget B for `ddtreeB`."""
+    """None for AR; DFlash for `dflash`; DDTree at budget B for `ddtreeB`; the drafter in `dtype`."""
     if method == "ar":
         return None
     budget = None if method == "dflash" else int(method.removeprefix("ddtree"))
@@ -80,8 +82,11 @@ def main(argv=None) -> int:
                    help="ar, dflash, ddtreeB (DDTree at budget B)")
     p.add_argument("--new", type=int, default=128, help="tokens generated per call (default 128)")
     p.add_argument("--top", type=int, default=40, help="events listed per side (device, host) and file (default 40)")
+    p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="the drafter's dtype (default: the target's); the output file names then end in -draft<dtype>")
     p.add_argument("--precision", default=None,
-                   help="jax.default_matmul_precision for fp32 (default: highest); e.g. BF16_BF16_F32_X6, tensorfloat32")
+                   help="jax.default_matmul_precision for fp32 (default: highest); "
+                        "e.g. BF16_BF16_F32_X6, tensorfloat32")
     args = p.parse_args(argv)
     for m in args.methods:
         if m not in ("ar", "dflash") and not (m.startswith("ddtree") and m[6:].isdigit()):
@@ -95,7 +100,7 @@ def main(argv=None) -> int:
         for method in args.methods:
             precision = (args.precision or "highest") if dtype == "float32" else "default"
             with jax.default_matmul_precision(precision):
-                engine = Engine(target, speculator(method, target, dtype), stop_tokens=())
+                engine = Engine(target, speculator(method, target, args.draft_dtype or dtype), stop_tokens=())
                 engine.generate([prompt], args.new, max_len=max_len)              # compile
                 ms = []
                 for _ in range(3):
@@ -107,10 +112,14 @@ def main(argv=None) -> int:
                 jax.profiler.stop_trace()
             rounds = int(r.hist.sum())
             ms = [round(float(x), 3) for x in ms]
-            head = (f"{method} {dtype} ({precision} products) on {jax.devices()[0].device_kind}: ms/round {ms}, tau {r.tau:.2f}, "
+            drafted = f", drafter {args.draft_dtype}" if args.draft_dtype and method != "ar" else ""
+            head = (f"{method} {dtype} ({precision} products{drafted}) on {jax.devices()[0].device_kind}: "
+                    f"ms/round {ms}, tau {r.tau:.2f}, "
                     f"traced rounds {rounds}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
             lines = [head] + events_per_round(trace, rounds, args.top)
             name = f"{method}-{dtype}" + (f"-{precision}" if args.precision and dtype == "float32" else "")
+            if args.draft_dtype and method != "ar":
+                name += f"-draft{args.draft_dtype}"
             with open(os.path.join(args.out, f"{name}.txt"), "w") as f:
                 f.write("\n".join(lines) + "\n")
             print(head, flush=True)
