@@ -31,7 +31,8 @@ DEFAULT_BUDGET = 63
 # session 20's demo pair's DDTree at budgets 4 / 8 / 16 / 63 ran at 0.55x / 0.58x / 0.63x / 0.35x AR's speed on 16
 # held-out prompts (bench/results/2026-12-02-cpu-s25-budgets/); session 30's pair at 4 / 8 / 16 / 32 / 63 at 0.66x /
 # 0.92x / 0.78x / 0.68x / 0.53x, tau 2.69 / 3.20 / 3.62 / 3.85 / 4.12, and 8 and 16 tie over three runs (0.88x each,
-# bench/results/2026-12-03-h200-s30-live/cpu-budgets/).
+# bench/results/2026-12-03-h200-s30-live/cpu-budgets/); session 34's drafter at 8 / 16 / 32 / 64 at 0.93x / 0.88x /
+# 0.74x / 0.49x in one run, tau 3.30 / 3.72 / 4.01 / 4.32 (bench/results/2026-12-03-h200-s34/cpu-budgets/).
 CPU_BUDGET = 16
 MTP_TOKENS = 3
 

@@ -37,7 +37,9 @@ def test_drafter_belongs_to_the_target():
 def test_ddtree_is_lossless_and_accepts_drafts(monkeypatch, draft_dtype):
     """Greedy DDTree(8) with the shipped drafter prints exactly AR's tokens, and accepts more than one token a
     round: a drafter that does not belong to this target (or random weights) gets ~1.0. DDTree(8) with this pair
-    averaged 3.20 / 2.70 a round on the 16 / 48 held-out prompts (bench/results/2026-12-03-h200-s30-live/cpu-budgets/).
+    averaged 3.20 / 2.70 a round on the 16 / 48 held-out prompts with session 30's drafter
+    (bench/results/2026-12-03-h200-s30-live/cpu-budgets/), 3.30 on the 16 with session 34's
+    (bench/results/2026-12-03-h200-s34/cpu-budgets/).
     A bfloat16 drafter under the float32 target (`--draft-dtype bfloat16`) proposes other trees, never other tokens."""
     from convert.drafter import load_draft
     from convert.store import load_model

@@ -18,6 +18,9 @@
 # than session 31's 2819 (its run had no graphs), so the speedups fall below 0.87x / 0.84x; with `all`, the DFlash and
 # DDTree(64) rounds as much shorter, the speedups back to >= 0.87x / 0.84x. `all` becomes the default for a pair this
 # small only if both speculative methods gain against `ar`.
+# Session 34's plan (bench/NOTES.md): the shipped pair (session 34's drafter) with its drafter in fp32 and in bf16 under
+# the fp32 target, `for t in float32 bfloat16; do SETS="16 48" EXTRA="--draft-dtype $t" TAG=-draft$t bash ...; done`.
+# Predicted: with the bf16 drafter the DFlash round 1.08 -> 0.85-0.95 ms, DFlash 1.03-1.15x AR, identical to AR.
 if [ "$1" = --prepare ]; then
   rm -rf evaltext && mkdir evaltext || exit 1
   for set in 16:s22-pair-share08 48:s19-pair-wide-prompts; do
