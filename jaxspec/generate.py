@@ -33,13 +33,23 @@ DEFAULT_BUDGET = 63
 # 0.92x / 0.78x / 0.68x / 0.53x, tau 2.69 / 3.20 / 3.62 / 3.85 / 4.12, and 8 and 16 tie over three runs (0.88x each,
 # bench/results/2026-12-03-h200-s30-live/cpu-budgets/); session 34's drafter at 8 / 16 / 32 / 64 at 0.93x / 0.88x /
 # 0.74x / 0.49x in one run, tau 3.30 / 3.72 / 4.01 / 4.32 (bench/results/2026-12-03-h200-s34/cpu-budgets/).
-CPU_BUDGET = 16
+# With blocks of 8 (CPU_BLOCK) the drafter runs on 8 rows and trees are at most 7 deep; session 34's pair then ran
+# DDTree(8) at 1.07x AR (fp32 drafter) and 1.15x / 1.09x (bf16 drafter) on the 16 prompts, tau 3.16-3.17, where block
+# 16's best was 0.97x; on the 48, 0.92x (bench/results/2026-12-03-h200-s34/cpu-block8/).
+CPU_BUDGET = 8
+CPU_BLOCK = 8
 MTP_TOKENS = 3
 
 
 def default_budget(backend: str) -> int:
     """--budget's default on `backend` (jax.default_backend())."""
     return CPU_BUDGET if backend == "cpu" else DEFAULT_BUDGET
+
+
+def default_block(backend: str, trained: int) -> int:
+    """--block-size's default on `backend` for a drafter trained with blocks of `trained`: that block on a GPU, at
+    most CPU_BLOCK on a CPU, where every drafted and verified row costs compute."""
+    return min(CPU_BLOCK, trained) if backend == "cpu" else trained
 
 
 def demo_dir() -> Path:
@@ -76,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
                    "`python -m convert drafter`; for --method dflash")
     p.add_argument("--block-size", type=int, default=None,
                    help="DFlash/DDTree block size: the anchor plus block_size - 1 drafted depths "
-                        "(default: the drafter's)")
+                        f"(default: the drafter's on a GPU; at most {CPU_BLOCK} on a CPU)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"DDTree: draft tree nodes beyond the root (default: {DEFAULT_BUDGET} on a GPU, where with "
                         f"the root a verify is 64 rows, a whole number of the kernels' 16-row tiles; {CPU_BUDGET} on "
@@ -206,6 +216,8 @@ def main(argv=None) -> int:
             drafter = load_draft(args.draft, dtype=args.draft_dtype or str(model.cfg.dtype))
             if mesh is not None:
                 drafter = sharding.shard_drafter(drafter, mesh)
+            if args.block_size is None:
+                args.block_size = default_block(jax.default_backend(), drafter.cfg.block_size)
             speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--draft {args.draft}: {e}")
@@ -275,7 +287,9 @@ def same_tokens(same: bool, greedy: bool, dtype: str) -> str:
 
 
 def _label(args, method: str) -> str:
-    return f"{method} (budget {args.budget})" if method == "ddtree" else method
+    if method not in ("dflash", "ddtree"):
+        return method
+    return f"{method} ({f'budget {args.budget}, ' if method == 'ddtree' else ''}block {args.block_size})"
 
 
 def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:

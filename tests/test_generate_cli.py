@@ -1,9 +1,11 @@
 """`python -m jaxspec.generate` end to end: the out-of-the-box default, an HF checkpoint with AR and
 DFlash, and flag errors."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -71,19 +73,23 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     assert capsys.readouterr().out == ar.out
     assert main(args + ["--method", "ddtree", "--draft", str(draft), "--budget", "9"]) == 0
     ddtree = capsys.readouterr()
-    assert ddtree.out == ar.out and "method ddtree (budget 9)" in ddtree.err
-    # Without --budget: the backend's default (16 on a CPU, where a verify costs compute per row; 63 on a GPU).
-    default = {"cpu": 16}.get(jax.default_backend(), 63)
+    # Without --block-size: the drafter's block, or at most 8 on a CPU (where a verify costs compute per row)
+    trained = json.loads((Path(draft) / "config.json").read_text())["block_size"]
+    budget, block = {"cpu": (8, min(8, trained))}.get(jax.default_backend(), (63, trained))
+    assert ddtree.out == ar.out and f"method ddtree (budget 9, block {block})" in ddtree.err
+    # Without --budget either: the backend's default (8 on a CPU; 63 on a GPU)
     assert main(args + ["--method", "ddtree", "--draft", str(draft)]) == 0
     ddtree = capsys.readouterr()
-    assert ddtree.out == ar.out and f"method ddtree (budget {default})" in ddtree.err
+    assert ddtree.out == ar.out and f"method ddtree (budget {budget}, block {block})" in ddtree.err
 
 
-def test_default_budget_per_backend():
-    """63 nodes beyond the root on a GPU, so that a verify is 64 rows (the tree kernels' 16-row tiles); 16 on a
-    CPU, where session 20's demo pair's DDTree ran fastest at 16 of 4 / 8 / 16 / 63 (session 30's: 8 and 16 tie)."""
-    from jaxspec.generate import default_budget
-    assert default_budget("gpu") == default_budget("cuda") == 63 and default_budget("cpu") == 16
+def test_default_budget_and_block_per_backend():
+    """63 nodes beyond the root on a GPU, so that a verify is 64 rows (the tree kernels' 16-row tiles), with the
+    drafter's own block; on a CPU, where every row costs compute, 8 nodes and blocks of at most 8 (session 34's demo
+    pair: DDTree(8) at block 8 1.07-1.15x AR on 16 prompts, against 0.97x at best with block 16)."""
+    from jaxspec.generate import default_block, default_budget
+    assert default_budget("gpu") == default_budget("cuda") == 63 and default_budget("cpu") == 8
+    assert default_block("gpu", 16) == 16 and default_block("cpu", 16) == 8 and default_block("cpu", 4) == 4
 
 
 def test_the_demo_says_why_tokens_may_differ_from_ar():
