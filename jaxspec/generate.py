@@ -287,9 +287,9 @@ def same_tokens(same: bool, greedy: bool, dtype: str) -> str:
 
 
 def _label(args, method: str) -> str:
-    if method not in ("dflash", "ddtree"):
-        return method
-    return f"{method} ({f'budget {args.budget}, ' if method == 'ddtree' else ''}block {args.block_size})"
+    if method == "ddtree":
+        return f"ddtree (budget {args.budget}, block {args.block_size})"
+    return f"dflash (block {args.block_size})" if method == "dflash" else method
 
 
 def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
