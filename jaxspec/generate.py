@@ -103,9 +103,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
                    help="parameter/activation dtype (default: the checkpoint's; float32 for the tiny model)")
     p.add_argument("--draft-dtype", choices=("bfloat16", "float32", "float16"), default=None,
-                   help="the drafter's dtype (default: the target's). The drafter only proposes and the target "
-                        "checks every token, so e.g. a bfloat16 drafter under a float32 target changes the speed "
-                        "and the acceptance, never the output")
+                   help="the drafter's dtype (default: bfloat16 under a float32 target on a GPU, else the target's). "
+                        "The drafter only proposes and the target checks every token, so e.g. a bfloat16 drafter "
+                        "under a float32 target changes the speed and the acceptance, never the output")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
     p.add_argument("--rounds-per-call", type=int, default=8,
                    help="decode rounds per compiled call between streamed prints (default: %(default)s)")
@@ -211,9 +211,11 @@ def main(argv=None) -> int:
         from convert.drafter import load_draft
         from convert.hf import CheckpointError
         from jaxspec.config import ConfigError
-        from jaxspec.dflash import DFlash
+        from jaxspec.dflash import DFlash, default_draft_dtype
         try:
-            drafter = load_draft(args.draft, dtype=args.draft_dtype or str(model.cfg.dtype))
+            if args.draft_dtype is None:
+                args.draft_dtype = default_draft_dtype(jax.default_backend(), model.cfg.dtype)
+            drafter = load_draft(args.draft, dtype=args.draft_dtype)
             if mesh is not None:
                 drafter = sharding.shard_drafter(drafter, mesh)
             if args.block_size is None:

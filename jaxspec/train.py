@@ -1699,7 +1699,10 @@ def run_eval(args) -> int:
         if not files:
             raise ConfigError(f"--unseen-by {args.unseen_by}: every --text file was seen by that pair")
     target = load_model(args.target, dtype=args.dtype)
-    drafter = load_draft(args.draft, dtype=args.draft_dtype or args.dtype)
+    if args.draft_dtype is None:
+        from jaxspec.dflash import default_draft_dtype
+        args.draft_dtype = default_draft_dtype(jax.default_backend(), args.dtype)
+    drafter = load_draft(args.draft, dtype=args.draft_dtype)
     tok = load_tokenizer(args.target)
     corpus = None
     if trained is not None:
@@ -1723,7 +1726,7 @@ def run_eval(args) -> int:
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "flags": dispatch.flags(),
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
-              "draft_dtype": args.draft_dtype or args.dtype, "matmul_precision": precision,
+              "draft_dtype": args.draft_dtype, "matmul_precision": precision,
               "block_size": block,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],
@@ -1870,8 +1873,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     e.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"),
-                   help="the drafter's dtype (default: --dtype). It only proposes and the target checks every "
-                        "token, so a bfloat16 drafter under a float32 target leaves the output identical to AR")
+                   help="the drafter's dtype (default: bfloat16 under a float32 target on a GPU, else --dtype). It "
+                        "only proposes and the target checks every token, so a bfloat16 drafter under a float32 "
+                        "target leaves the output identical to AR")
     e.add_argument("--matmul-precision", default=None, choices=MATMUL_PRECISIONS, metavar="P",
                    help="jax.default_matmul_precision for every method alike (AR included): 'highest' (full fp32 "
                         "products), 'tensorfloat32', 'default', or a jax.lax.DotAlgorithmPreset name such as "

@@ -92,6 +92,17 @@ def test_default_budget_and_block_per_backend():
     assert default_block("gpu", 16) == 16 and default_block("cpu", 16) == 8 and default_block("cpu", 4) == 4
 
 
+def test_default_draft_dtype_per_backend():
+    """A bfloat16 drafter under a float32 target on a GPU (session 35, H200: DFlash 1.13x AR against 0.91x with a fp32
+    drafter, same tokens); the target's dtype on a CPU and under any other target dtype."""
+    from jaxspec.dflash import default_draft_dtype
+    assert default_draft_dtype("gpu", "float32") == "bfloat16"
+    assert default_draft_dtype("gpu", "bfloat16") == "bfloat16" and default_draft_dtype("gpu", "float16") == "float16"
+    assert default_draft_dtype("cpu", "float32") == "float32" and default_draft_dtype("cpu", "bfloat16") == "bfloat16"
+    import jax.numpy as jnp
+    assert default_draft_dtype("cuda", jnp.float32) == "bfloat16"    # a config's dtype, not only its name
+
+
 def test_the_demo_says_why_tokens_may_differ_from_ar():
     """Sampled runs and bf16 runs can differ from AR without a fault (DESIGN.md section 6; bench/results/
     2026-12-03-cpu-s32-bf16/): the demo says so; a greedy fp32 difference is a plain NO."""
