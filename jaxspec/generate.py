@@ -213,6 +213,7 @@ def main(argv=None) -> int:
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash, default_draft_dtype
         try:
+            args.target_dtype = str(model.cfg.dtype)
             if args.draft_dtype is None:
                 args.draft_dtype = default_draft_dtype(jax.default_backend(), model.cfg.dtype)
             drafter = load_draft(args.draft, dtype=args.draft_dtype)
@@ -289,9 +290,14 @@ def same_tokens(same: bool, greedy: bool, dtype: str) -> str:
 
 
 def _label(args, method: str) -> str:
-    if method == "ddtree":
-        return f"ddtree (budget {args.budget}, block {args.block_size})"
-    return f"dflash (block {args.block_size})" if method == "dflash" else method
+    """The method as the output names it; a drafter whose dtype is not the target's (--draft-dtype, or a GPU's
+    bfloat16 default under a float32 target) is named too."""
+    if method not in ("dflash", "ddtree"):
+        return method
+    label = (f"ddtree (budget {args.budget}, block {args.block_size})" if method == "ddtree"
+             else f"dflash (block {args.block_size})")
+    target = getattr(args, "target_dtype", None)
+    return label + (f" with a {args.draft_dtype} drafter" if target and args.draft_dtype != target else "")
 
 
 def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:

@@ -70,13 +70,16 @@ def test_dflash_cli(dirs, tmp_path, capsys):
     # a bfloat16 drafter under the float32 target: it only proposes, so the text is still AR's
     assert main(args + ["--method", "dflash", "--draft", str(draft), "--block-size", "4",
                         "--draft-dtype", "bfloat16"]) == 0
-    assert capsys.readouterr().out == ar.out
+    bf16 = capsys.readouterr()
+    assert bf16.out == ar.out and "method dflash (block 4) with a bfloat16 drafter;" in bf16.err
     assert main(args + ["--method", "ddtree", "--draft", str(draft), "--budget", "9"]) == 0
     ddtree = capsys.readouterr()
     # Without --block-size: the drafter's block, or at most 8 on a CPU (where a verify costs compute per row)
     trained = json.loads((Path(draft) / "config.json").read_text())["block_size"]
     budget, block = {"cpu": (8, min(8, trained))}.get(jax.default_backend(), (63, trained))
     assert ddtree.out == ar.out and f"method ddtree (budget 9, block {block})" in ddtree.err
+    if jax.default_backend() == "cpu":          # the drafter in the target's dtype: not named
+        assert "drafter" not in ddtree.err.split("method ", 1)[1].split(";")[0]
     # Without --budget either: the backend's default (8 on a CPU; 63 on a GPU)
     assert main(args + ["--method", "ddtree", "--draft", str(draft)]) == 0
     ddtree = capsys.readouterr()
