@@ -112,12 +112,27 @@ class Speculator:
 
 
 class AR(Speculator):
-    """Plain autoregressive decoding: the root alone."""
+    """Plain autoregressive decoding: the root alone.
+
+    With rows > 1 the step runs as a verify-sized tile: the root and rows - 1 copies of it, each copy a root of its
+    own (`trees.forest`), so never on an accepted path and never committed. The target's products then see as many
+    rows as a verify's. On the H200 a row's product has the same bits padded to M rows as inside an M-row product,
+    and never as a 1-row product; under BF16_BF16_F32_X6 the 1-row product even has a bf16 product's error
+    (bench/results/2026-12-03-h200-s35/, `rows/`). The tokens are AR's either way; only the arithmetic changes."""
 
     name = "ar"
 
+    def __init__(self, rows: int = 1):
+        if int(rows) < 1:
+            raise ValueError(f"AR rows {rows}: must be >= 1")
+        self.rows = self.tree_size = int(rows)
+
     def propose(self, params, model, draft, pending, key, sampling):
-        return Proposal(pending[:, None], trees.chain(pending.shape[0], 1)), draft
+        b = pending.shape[0]
+        if self.rows == 1:
+            return Proposal(pending[:, None], trees.chain(b, 1)), draft
+        tokens = jnp.broadcast_to(pending[:, None], (b, self.rows))
+        return Proposal(tokens, trees.forest(b, self.rows)), draft
 
 
 # XLA's default command-buffer (CUDA graph) kinds in jax 0.11.2's XLA, plus WHILE and CONDITIONAL: a call of the

@@ -1121,7 +1121,8 @@ def first_difference(a, b) -> int | None:
 
 
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
-             deadline: float | None = None, detokenize=None, corpus: list[np.ndarray] | None = None) -> dict:
+             deadline: float | None = None, detokenize=None, corpus: list[np.ndarray] | None = None,
+             ar_rows: int = 1) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
     tau, token identity to AR and decode time (timed once every method has compiled, the methods taking turns on
     each prompt).
@@ -1133,17 +1134,25 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
     target's training documents, token ids), also how much AR's continuations recite it (`ar.recitation`) and tau
     over the prompts whose continuation does not (`not_reciting`: recited-window share <= FRESH). A method whose
     compilation would start past the wall-clock `deadline` is skipped, but AR, DFlash and the first DDTree budget
-    always run."""
+    always run. With `ar_rows` > 1, AR's step is also run as a tile of that many rows (`engine.AR(ar_rows)`, key
+    `ar_rows<R>`): the speculative methods then also say on how many prompts they give its tokens
+    (`identical_prompts_to_ar_rows`), for settings under which a 1-row product and a verify's rows do not share
+    arithmetic (bench/results/2026-12-03-h200-s35/, `rows/`)."""
     from jaxspec.dflash import DFlash
-    from jaxspec.engine import Engine
+    from jaxspec.engine import AR, Engine
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
-    max_len = prompts.shape[1] + max_new + max(budgets + (block,)) + 2
+    always = set(methods[:3])
+    if ar_rows > 1:
+        methods.insert(1, ("ar_rows", ar_rows))
+        always.add(methods[1])
+    max_len = prompts.shape[1] + max_new + max(budgets + (block, ar_rows)) + 2
     engines, compile_s = {}, {}
     for name, budget in methods:
-        if deadline is not None and time.time() > deadline and (name, budget) not in methods[:3]:
+        if deadline is not None and time.time() > deadline and (name, budget) not in always:
             log(f"eval: out of time, skipping {name} {budget or ''}")
             continue
-        spec = None if name == "ar" else DFlash(drafter, target.cfg, block, budget=budget)
+        spec = (None if name == "ar" else AR(budget) if name == "ar_rows"
+                else DFlash(drafter, target.cfg, block, budget=budget))
         engines[name, budget] = eng = Engine(target, spec, stop_tokens=())
         t0 = time.perf_counter()
         eng.generate([list(map(int, prompts[0]))], max_new, max_len=max_len)          # compile
@@ -1157,14 +1166,14 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
         for m in order[i % len(order):] + order[:i % len(order)]:
             r = engines[m].generate([list(map(int, p))], max_new, max_len=max_len)
             runs[m].append((r.tokens[0], r.decode_s, r.hist, r.tau))      # not r.final: the device state
-    out, ar_tokens = {}, None
+    out, ar_tokens, tile_tokens = {}, None, None
     for (name, budget), rs in runs.items():
         toks = [t for t, _, _, _ in rs]
         decode = sum(d for _, d, _, _ in rs)
         hist = sum(h for _, _, h, _ in rs)
         per_tau = [tau for _, _, _, tau in rs]
         per_rounds = [int(h.sum()) for _, _, h, _ in rs]
-        key = name if budget is None else f"ddtree_b{budget}"
+        key = name if budget is None else f"ar_rows{budget}" if name == "ar_rows" else f"ddtree_b{budget}"
         rounds = int(hist.sum())
         tau = float((hist * np.arange(len(hist))).sum() / rounds) if rounds else 0.0
         entry = {"tau": tau, "rounds": rounds, "tokens": int(sum(len(t) for t in toks)), "decode_s": decode,
@@ -1205,6 +1214,10 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
                 entry["not_reciting"] = {"max_share": FRESH, "prompts": int(sum(fresh)),
                                          "tau": tau_where(per_tau, per_rounds, fresh)}
             entry["speedup_vs_ar"] = out["ar"]["decode_s"] / max(decode, 1e-9)
+            if name == "ar_rows":
+                tile_tokens = toks
+            elif tile_tokens is not None:
+                entry["identical_prompts_to_ar_rows"] = sum(a == b for a, b in zip(tile_tokens, toks))
         out[key] = entry
         log(f"eval {key}: tau {tau:.2f}"
             + (f" ({entry['chars_per_round']:.2f} chars/round)" if detokenize is not None else "")
@@ -1214,7 +1227,9 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             + (f"; tau {entry['not_looping']['tau']:.2f} on the {entry['not_looping']['prompts']} prompts that do not "
                f"loop" if name != "ar" and entry["not_looping"]["tau"] is not None else "")
             + (f"; tau {entry['not_reciting']['tau']:.2f} on the {entry['not_reciting']['prompts']} that do not "
-               f"recite" if name != "ar" and entry.get("not_reciting", {}).get("tau") is not None else ""))
+               f"recite" if name != "ar" and entry.get("not_reciting", {}).get("tau") is not None else "")
+            + (f"; identical to AR as a tile of {ar_rows} rows on {entry['identical_prompts_to_ar_rows']}/{len(toks)}"
+               if "identical_prompts_to_ar_rows" in entry else ""))
     return out
 
 
@@ -1682,7 +1697,7 @@ def run_eval(args) -> int:
     from jaxspec.tokenizer import load_tokenizer
 
     for flag, v in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
-                    ("--budgets", min(args.budgets, default=1))):
+                    ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows)):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
     files, left_out, trained, listed = text_files(args.text), [], None, 0
@@ -1718,7 +1733,7 @@ def run_eval(args) -> int:
     precision = args.matmul_precision or ("highest" if args.dtype == "float32" else "default")
     with jax.default_matmul_precision(precision):
         methods = evaluate(target, drafter, prompts, args.max_new, block, tuple(args.budgets),
-                           detokenize=tok.decode, corpus=corpus)
+                           detokenize=tok.decode, corpus=corpus, ar_rows=args.ar_rows)
     git = git_info()
     result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
                       "no stop; tau = tokens committed per verify round",
@@ -1726,7 +1741,7 @@ def run_eval(args) -> int:
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "flags": dispatch.flags(),
               "target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
-              "draft_dtype": args.draft_dtype, "matmul_precision": precision,
+              "draft_dtype": args.draft_dtype, "matmul_precision": precision, "ar_rows": args.ar_rows,
               "block_size": block,
               "prompts": {"n": args.prompts, "len": args.prompt_len, "seed": args.seed, "max_new": args.max_new,
                           "text": [str(t) for t in args.text],
@@ -1880,6 +1895,11 @@ def parser() -> argparse.ArgumentParser:
                    help="jax.default_matmul_precision for every method alike (AR included): 'highest' (full fp32 "
                         "products), 'tensorfloat32', 'default', or a jax.lax.DotAlgorithmPreset name such as "
                         "BF16_BF16_F32_X6 (default: 'highest' with --dtype float32, else 'default')")
+    e.add_argument("--ar-rows", type=int, default=1,
+                   help="also run AR's step as a tile of this many rows (the root and copies of it that are never "
+                        "accepted), as a verify sees its rows, and count the prompts on which each speculative method "
+                        "gives that AR's tokens (default: %(default)s, plain AR only). For --matmul-precision "
+                        "settings under which a 1-row product differs from a verify's rows")
     e.add_argument("--block-size", type=int, default=None,
                    help="the drafter's block: DFlash verifies a chain of this many tokens and DDTree's trees are at "
                         "most this deep minus one (default: the block it was trained with)")

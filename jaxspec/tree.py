@@ -45,6 +45,13 @@ def chain(batch: int, n: int) -> Tree:
     return Tree(parent, depth, anc, chain=True)
 
 
+def forest(batch: int, n: int) -> Tree:
+    """n roots side by side: no node is another's ancestor, so only node 0 can be on an accepted path."""
+    parent = jnp.full((batch, n), -1, jnp.int32)
+    anc = jnp.broadcast_to(jnp.eye(n, dtype=bool), (batch, n, n))
+    return Tree(parent, jnp.zeros((batch, n), jnp.int32), anc, chain=False, max_depth=0)
+
+
 def from_parents(parent: jax.Array) -> Tree:
     """Depths and the ancestor mask from parents [B, N] given in a topological order."""
     parent = jnp.asarray(parent, jnp.int32)

@@ -60,6 +60,30 @@ def test_models_of_one_layer_type(tmp_path, layer_types):
     assert got == want[len(prompt):]
 
 
+@pytest.mark.parametrize("rows", [5, 16])
+def test_ar_as_a_tile_of_rows_decodes_transformers_tokens(tiny, rows):
+    """AR(rows): the step as a verify-sized tile (the root and rows - 1 copies, each a root of its own). The copies
+    are never accepted or committed: one token a round, transformers' greedy tokens, batched and ragged."""
+    from jaxspec.engine import AR
+    hf, model = tiny
+    prompts = _prompts()
+    got = Engine(model, AR(rows), prefill_chunk=32).generate(prompts, 24, rounds_per_call=5)
+    assert [len(t) for t in got.tokens] == [24, 24, 24]
+    for p, t in zip(prompts, got.tokens):
+        assert t == _hf_greedy(hf, p, 24)
+    assert got.hist.tolist()[2:] == [0] * (len(got.hist) - 2) and got.tau == 1.0
+    with pytest.raises(ValueError, match="AR rows 0"):
+        AR(0)
+
+
+def test_forest_accepts_only_the_root():
+    """trees.forest: with every copy's token equal to the target's choice, still only node 0 is on the path."""
+    tr = trees.forest(2, 4)
+    tokens = jnp.full((2, 4), 7, jnp.int32)
+    path, n, bonus = accept(tr, tokens, jnp.full((2, 4), 7, jnp.int32))
+    assert n.tolist() == [1, 1] and path.shape == (2, 1) and bonus.tolist() == [7, 7]
+
+
 def test_stop_tokens_and_max_new_tokens(tiny):
     _, model = tiny
     prompts = _prompts()

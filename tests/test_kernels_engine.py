@@ -1,6 +1,6 @@
 """The whole engine with the Pallas kernels switched on (tree attention, tree delta rule, verification, the
 fused GDN decode step, the fused residual add + RMSNorm, the skinny matmul): greedy AR, DFlash chains and DDTree trees stay
-token-identical to plain greedy AR without kernels, with oracle drafters so that every acceptance length
+token-identical to plain greedy AR without kernels (as is AR's step run as a tile of rows, `AR(rows)`), with oracle drafters so that every acceptance length
 and sibling branches occur.
 
 CPU: the kernels in interpret mode. GPU (`-m gpu`): the compiled Triton kernels, fp32 tiny target
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from convert.hf import load_target
-from jaxspec.engine import Engine
+from jaxspec.engine import AR, Engine
 from kernel_tests import on_gpu
 from oracle import OracleChain, OracleTree, reference
 from pallas_kernels.add_rms_norm import pallas_triton as add_norm_kernel
@@ -54,6 +54,7 @@ def _check(baseline, monkeypatch, implementation):
         monkeypatch.setenv(flag, implementation)      # read when the engine's round is traced
     traced = _count_traces(monkeypatch)
     assert Engine(target).generate(prompts, n_new).tokens == ar
+    assert Engine(target, AR(5)).generate(prompts, n_new).tokens == ar      # the step as a tile: a forest of roots
     block = 5
     chain = Engine(target, OracleChain(block, 512, ref=reference(prompts, ar, block)))
     out = chain.generate(prompts, n_new, seed=1, rounds_per_call=4)

@@ -1100,6 +1100,30 @@ def test_evaluate_keeps_the_text_where_a_method_parts_from_ar(monkeypatch):
     assert m["dflash"]["texts_where_different"] == {"1": text(ar1[:4] + [ar1[4] + 1])}
 
 
+def test_evaluate_runs_ar_as_a_tile_of_rows_and_compares_with_it(monkeypatch):
+    """`evaluate(..., ar_rows=R)` (eval --ar-rows): AR's step also runs as a tile of R rows (`ar_rows<R>`, one token a
+    round, AR's tokens here in fp32; kept past the deadline) and each speculative method counts the prompts on
+    which it gives that AR's tokens, which differ from plain AR's where that AR's tokens differ."""
+    from jaxspec import engine as E
+    prompts = np.random.default_rng(6).integers(2, 300, (2, 8)).astype(np.int32)
+    prompts[:, 0] = [11, 12]
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 5, 4, (3,), deadline=0.0, ar_rows=5)
+    assert set(m) == {"ar", "ar_rows5", "dflash", "ddtree_b3"}
+    assert m["ar_rows5"]["tau"] == 1.0 and m["ar_rows5"]["identical_prompts"] == 2
+    assert "identical_prompts_to_ar_rows" not in m["ar_rows5"] and "identical_prompts_to_ar_rows" not in m["ar"]
+    assert m["dflash"]["identical_prompts_to_ar_rows"] == m["ddtree_b3"]["identical_prompts_to_ar_rows"] == 2
+    generate = E.Engine.generate
+    def parting(self, prompts, *a, **kw):
+        r = generate(self, prompts, *a, **kw)
+        if getattr(self.spec, "rows", 1) > 1 and prompts[0][0] == 12:     # the tile's second prompt, changed
+            r.tokens[0][-1] = r.tokens[0][-1] + 1
+        return r
+    monkeypatch.setattr(E.Engine, "generate", parting)
+    m = train.evaluate(tiny_target(), tiny_drafter(block=4), prompts, 5, 4, (), ar_rows=5)
+    assert m["ar_rows5"]["identical_prompts"] == 1 and m["ar_rows5"]["first_difference_per_prompt"] == [None, 4]
+    assert m["dflash"]["identical_prompts"] == 2 and m["dflash"]["identical_prompts_to_ar_rows"] == 1
+
+
 def test_git_info_prefers_the_commit_it_is_told(monkeypatch):
     """JAXSPEC_COMMIT / JAXSPEC_DIRTY (a run from an exported snapshot) win over the checkout's own git; without
     them, the checkout's HEAD and whether tracked files differ from it."""
