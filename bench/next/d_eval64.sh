@@ -21,6 +21,9 @@
 # Session 34's plan (bench/NOTES.md): the shipped pair (session 34's drafter) with its drafter in fp32 and in bf16 under
 # the fp32 target, `for t in float32 bfloat16; do SETS="16 48" EXTRA="--draft-dtype $t" TAG=-draft$t bash ...; done`.
 # Predicted: with the bf16 drafter the DFlash round 1.08 -> 0.85-0.95 ms, DFlash 1.03-1.15x AR, identical to AR.
+# Session 35 ran it (bench/results/2026-12-03-h200-s35/): bf16 drafter DFlash 1.13x AR on 16, 0.95x on 48; fp32 drafter
+# 0.91x on 16. Since ff3d2b8 `eval` puts the drafter in bf16 on a GPU under a fp32 target: EXTRA="--draft-dtype float32"
+# for the earlier runs' setting.
 if [ "$1" = --prepare ]; then
   rm -rf evaltext && mkdir evaltext || exit 1
   for set in 16:s22-pair-share08 48:s19-pair-wide-prompts; do
