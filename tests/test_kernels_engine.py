@@ -1,7 +1,7 @@
 """The whole engine with the Pallas kernels switched on (tree attention, tree delta rule, verification, the
-fused GDN decode step, the fused residual add + RMSNorm, the skinny matmul): greedy AR, DFlash chains and DDTree trees stay
-token-identical to plain greedy AR without kernels (as is AR's step run as a tile of rows, `AR(rows)`), with oracle drafters so that every acceptance length
-and sibling branches occur.
+fused GDN decode step, the fused residual add + RMSNorm, the skinny matmul): greedy AR, AR's step run as a tile of
+rows (`AR(rows)`), DFlash chains and DDTree trees stay token-identical to plain greedy AR without kernels, with
+oracle drafters so that every acceptance length and sibling branches occur.
 
 CPU: the kernels in interpret mode. GPU (`-m gpu`): the compiled Triton kernels, fp32 tiny target
 (`JAX_PLATFORMS=cuda python -m pytest tests/test_kernels_engine.py -m gpu`).
