@@ -213,7 +213,6 @@ def main(argv=None) -> int:
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash, default_draft_dtype
         try:
-            args.target_dtype = str(model.cfg.dtype)
             if args.draft_dtype is None:
                 args.draft_dtype = default_draft_dtype(jax.default_backend(), model.cfg.dtype)
             drafter = load_draft(args.draft, dtype=args.draft_dtype)
@@ -243,7 +242,7 @@ def main(argv=None) -> int:
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)
-    print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {_label(args, args.method)}; prompt {len(ids)} tokens]",
+    print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {_label(args, args.method, model.cfg.dtype)}; prompt {len(ids)} tokens]",
           file=sys.stderr)
 
     sys.stdout.write(args.prompt if not args.chat else "")
@@ -289,15 +288,14 @@ def same_tokens(same: bool, greedy: bool, dtype: str) -> str:
     return "NO"
 
 
-def _label(args, method: str) -> str:
+def _label(args, method: str, target_dtype: str) -> str:
     """The method as the output names it; a drafter whose dtype is not the target's (--draft-dtype, or a GPU's
     bfloat16 default under a float32 target) is named too."""
     if method not in ("dflash", "ddtree"):
         return method
     label = (f"ddtree (budget {args.budget}, block {args.block_size})" if method == "ddtree"
              else f"dflash (block {args.block_size})")
-    target = getattr(args, "target_dtype", None)
-    return label + (f" with a {args.draft_dtype} drafter" if target and args.draft_dtype != target else "")
+    return label + (f" with a {args.draft_dtype} drafter" if args.draft_dtype != str(target_dtype) else "")
 
 
 def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
@@ -320,7 +318,7 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     sys.stdout.write(args.prompt + tok.decode(res.tokens[0]) + "\n")
     for name, (r, compile_s) in runs.items():
         n = r.n_tokens
-        label = _label(args, name)
+        label = _label(args, name, model.cfg.dtype)
         print(f"[{label}: {n} tokens in {r.decode_s:.3f}s ({n / max(r.decode_s, 1e-9):.1f} tok/s; compiled in "
               f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {int(r.rounds.sum())} rounds]",
               file=sys.stderr)

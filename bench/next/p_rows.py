@@ -20,6 +20,7 @@ be checked in the engine's loops (`eval --matmul-precision`).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import sys
 import time
@@ -32,10 +33,9 @@ from jaxspec.generate import demo_dir
 from jaxspec.provenance import git_info
 
 
-def weight_shapes(target_dir) -> list[tuple[int, int]]:
-    """The distinct (in, out) shapes of the checkpoint's 2-D weights, each with one weight of that shape."""
+def weight_shapes(target_dir) -> dict[tuple[int, int], tuple[str, np.ndarray]]:
+    """The distinct (in, out) shapes of the checkpoint's 2-D weights, each with one weight of that shape (in x out)."""
     from safetensors.numpy import load_file
-    import glob
     seen = {}
     for f in sorted(glob.glob(f"{target_dir}/*.safetensors")):
         for name, w in load_file(f).items():
