@@ -248,7 +248,7 @@ def main(argv=None):
         out = {}
         for name, fn, calls, per, compiled in forms:
             jax.block_until_ready(fn())
-            s = H.profile_steps(fn, calls, None, compiled.as_text(), None, name, per=per, top=12)
+            s = H.profile_steps(fn, calls, None, compiled.as_text(), None, name, per=per, top=40)
             if "error" in s:
                 raise RuntimeError(f"--trace-ar: {s['error']} for {name}")
             out[name] = {k: s[k] for k in ("kernel_ms_per_step", "span_ms_per_step", "gap_ms_per_step",
