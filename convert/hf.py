@@ -26,7 +26,7 @@ from safetensors import SafetensorError, safe_open
 
 from convert.keys import IGNORED_PREFIXES, MTP_PREFIX, strip_text_prefix, target_layout, transform
 from jaxspec.config import FULL, TargetConfig, load_target_config
-from jaxspec.model import Qwen35
+from jaxspec.model import Qwen35, fuse_params, split_params
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -401,6 +401,8 @@ def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: Sh
         S.check_target(cfg, tp)
         graphdef, flat = abstract_params(S.tp_config(cfg, tp))
         abstract = {path: var.get_value() for path, var in flat}
+    model_cfg = S.tp_config(cfg, tp) if mesh is not None else cfg
+    fused_abstract, abstract = abstract, split_params(model_cfg, abstract)    # read in the checkpoint's layout
     table = {entry[0] for entry in layout.values()}
     if table != set(abstract):  # model.py and keys.py disagree: a bug in jaxspec, not in the checkpoint
         raise RuntimeError(f"convert/keys.py and jaxspec/model.py disagree: model params without a checkpoint "
@@ -440,6 +442,15 @@ def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: Sh
                 _close(handles)
     finally:
         _close(handles)
+    if mesh is not None:
+        place = lambda path, shape: jax.sharding.NamedSharding(mesh, S.param_spec(path, len(shape)))
+    else:
+        place = lambda path, shape: resolve_sharding(sharding, path, shape)
+    values = fuse_params(model_cfg, values, sharding=place)
+    for path, want in fused_abstract.items():
+        if values[path].shape != want.shape:
+            raise RuntimeError(f"fusing the checkpoint's kernels gave {'.'.join(map(str, path))} the shape "
+                               f"{values[path].shape}, but the model's is {want.shape}")
     return assemble(graphdef, flat, values)
 
 

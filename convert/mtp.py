@@ -12,6 +12,7 @@ from flax import nnx
 from convert.hf import FLOAT_DTYPES, CheckpointError, ShardingSpec, assemble, load_mtp_tensors, resolve_sharding
 from convert.keys import MTP_PREFIX, target_layout, transform
 from jaxspec.config import FULL, TargetConfig
+from jaxspec.model import fuse_params, split_params
 from jaxspec.mtp import MTPHead
 
 
@@ -57,7 +58,7 @@ def load_mtp(path: str | Path, target: TargetConfig, dtype: str | None = None,
 
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: MTPHead(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(abstract)
-    abstract = {p: var.get_value() for p, var in flat}
+    abstract = split_params(cfg, {p: var.get_value() for p, var in flat})     # the checkpoint's separate kernels
     table = {entry[0] for entry in layout.values()}
     if table != set(abstract):  # mtp_layout and MTPHead disagree: a bug in jaxspec, not in the checkpoint
         raise RuntimeError(f"convert/mtp.py and jaxspec/mtp.py disagree: {sorted(set(abstract) ^ table)[:5]}")
@@ -66,4 +67,4 @@ def load_mtp(path: str | Path, target: TargetConfig, dtype: str | None = None,
         want = abstract[p]
         x = jax.device_put(np.asarray(transform(tensors[key], kind)), resolve_sharding(sharding, p, want.shape))
         values[p] = x.astype(want.dtype)
-    return assemble(graphdef, flat, values)
+    return assemble(graphdef, flat, fuse_params(cfg, values, lambda p, shape: resolve_sharding(sharding, p, shape)))

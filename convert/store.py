@@ -31,7 +31,7 @@ from safetensors.numpy import save_file
 from convert.hf import (MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble, has_mtp_tensors,
                         load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
-from jaxspec.model import Qwen35
+from jaxspec.model import Qwen35, fuse_params, split_params
 
 PARAMS = "params"
 META = "jaxspec.json"
@@ -53,24 +53,34 @@ class Kind:
     abstract: Callable[[Any], tuple]
     files: tuple[str, ...] = ()                 # files besides config.json copied from the source when present
     writer: str = "save"                        # the function that writes this kind, for messages
-    # Older versions a restore still reads: (config, {param path: array}) -> the arrays of this version.
+    # Older versions a restore still reads: `old_layout(config, version, {param path: abstract array})` gives
+    # the params such a version saved, from this version's; `upgrade(config, version, {param path: array},
+    # sharding)` turns them into this version's (placed by the ShardingSpec `sharding`).
     old_versions: tuple[int, ...] = ()
-    upgrade: Callable[[Any, dict], dict] | None = None
+    old_layout: Callable[[Any, int, dict], dict] | None = None
+    upgrade: Callable[[Any, int, dict, Any], dict] | None = None
 
 
-def _gdn_grouped(cfg, values: dict) -> dict:
-    """Version 1 stored the GDN's fused q|k|v channels in HF order; version 2 by key-head group."""
-    from convert.keys import gdn_channel_order, gdn_channels
-    order = gdn_channel_order(*gdn_channels(cfg))
-    out = dict(values)
-    for path, x in values.items():
-        if str(path[-1]) == "conv1d" or (len(path) > 1 and str(path[-2]) == "in_proj_qkv"):
-            out[path] = jax.jit(lambda a: a[..., order], out_shardings=x.sharding)(x)
-    return out
+def _target_old_layout(cfg, version: int, abstract: dict) -> dict:
+    """Versions 1 and 2 stored the checkpoint's separate kernels; version 3 fuses them (jaxspec/model.py `FUSED`)."""
+    return split_params(cfg, abstract)
 
 
-TARGET = Kind("target", "jaxspec-target", 2, lambda path, dtype: load_target_config(path, dtype=dtype),
-              abstract_params, TOKENIZER_FILES, "save_converted", old_versions=(1,), upgrade=_gdn_grouped)
+def _target_upgrade(cfg, version: int, values: dict, sharding) -> dict:
+    """Version 1 stored the GDN's q|k|v channels (in_proj_qkv, conv1d) in HF order, version 2 by key-head group;
+    both stored the kernels that version 3 fuses separately."""
+    if version == 1:
+        from convert.keys import gdn_channel_order, gdn_channels
+        order = gdn_channel_order(*gdn_channels(cfg))
+        for path, x in list(values.items()):
+            if str(path[-1]) == "conv1d" or (len(path) > 1 and str(path[-2]) == "in_proj_qkv"):
+                values[path] = jax.jit(lambda a: a[..., order], out_shardings=x.sharding)(x)
+    return fuse_params(cfg, values, sharding=lambda path, shape: resolve_sharding(sharding, path, shape))
+
+
+TARGET = Kind("target", "jaxspec-target", 3, lambda path, dtype: load_target_config(path, dtype=dtype),
+              abstract_params, TOKENIZER_FILES, "save_converted", old_versions=(1, 2), old_layout=_target_old_layout,
+              upgrade=_target_upgrade)
 FORMAT, VERSION = TARGET.format, TARGET.version
 
 
@@ -161,7 +171,12 @@ RESTORE_HOST_GB = 8
 
 
 def _write_params(model: nnx.Module, path: Path):
-    tree = _nest({p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))})
+    write_tree({p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))}, path)
+
+
+def write_tree(values: dict, path: Path):
+    """{param path: array} as the Orbax checkpoint `path` (a `params/` dir)."""
+    tree = _nest(values)
     # Synchronous, with bounded device-to-host staging; StandardCheckpointer reads the result.
     handler = ocp.PyTreeCheckpointHandler(save_device_host_concurrent_gb=SAVE_HOST_GB)
     with ocp.Checkpointer(handler) as ckptr:
@@ -212,6 +227,8 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
     cfg = kind.load_config(out_dir, dtype or meta["dtype"])
     graphdef, flat = kind.abstract(cfg)
     abstract = {path: var.get_value() for path, var in flat}
+    if meta["version"] != kind.version:
+        abstract = kind.old_layout(cfg, meta["version"], abstract)
     if mesh is not None:
         from jaxspec import sharding as S
         if sharding is not None:
@@ -247,7 +264,7 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
                                   f"({type(e).__name__}: {_first_line(e)})") from None
     values = {p: restored[k] for k, (p, _) in want.items()}
     if meta["version"] != kind.version:
-        values = kind.upgrade(cfg, values)
+        values = kind.upgrade(cfg, meta["version"], values, sharding)
     if mesh is not None:
         graphdef, flat, values = S.to_tp_layout(kind.abstract, cfg, mesh, values)
     return assemble(graphdef, flat, values)

@@ -47,7 +47,8 @@ def target_hf_config(cfg: TargetConfig) -> dict:
 def target_tensors(model) -> dict[str, np.ndarray]:
     """HF key -> array (stored dtype = the model's), keys as Qwen3_5ForCausalLM saves them."""
     from convert.keys import target_layout, transform
-    flat = _flat(model)
+    from jaxspec.model import split_params
+    flat = split_params(model.cfg, _flat(model))          # the checkpoint's separate kernels
     out = {}
     for name, (path, shape, kind) in target_layout(model.cfg).items():
         a = _untransform(flat[path], kind, shape)

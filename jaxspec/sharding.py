@@ -7,13 +7,14 @@ vocabulary, two all-reduces per layer (after o_proj or out_proj, after down_proj
 per shard through `per_shard` (shard_map), which needs the mesh set (`jax.set_mesh`) while tracing.
 
 Layout for a tensor-parallel degree `tp` (the model's own layout at tp = 1 is the same):
-- attention: q heads split `tp` ways (q_proj's interleaved q|gate columns are per head); kv heads split
-  when tp divides them, else each kv head is repeated tp / kv times at load (`tp_config`), so that every
-  shard holds the kv heads its q heads read;
-- GDN: the fused q|k|v channels are stored in key-head-group order (convert/keys.py), so whole groups
-  (key head, its value heads) split `tp` ways for any tp dividing linear_num_key_heads; z, a, b, A_log,
-  dt_bias, out_proj rows and the recurrent state follow the value heads;
-- MLP: intermediate split; vocabulary: embedding rows and lm_head columns split, padded to a multiple of
+- attention: the fused q|k|v kernel (jaxspec/model.py `FUSED`) holds per kv head its query heads' q|gate
+  columns, then its k and v columns, so it splits by kv heads; kv heads split when tp divides them, else
+  each kv head is repeated tp / kv times at load (`tp_config`), with its query heads shared out among the
+  copies, so that every shard holds the kv heads its q heads read;
+- GDN: the q|k|v channels are stored in key-head-group order (convert/keys.py), and the fused qkv|z|b|a
+  kernel per key-head group, so whole groups (key head, its value heads) split `tp` ways for any tp
+  dividing linear_num_key_heads; A_log, dt_bias, out_proj rows and the recurrent state follow the value heads;
+- MLP: intermediate split (the fused gate|up kernel holds each channel's two columns side by side); vocabulary: embedding rows and lm_head columns split, padded to a multiple of
   tp (`TargetConfig.padded_vocab`) with the padded logits -inf, so argmax, sampling and top-k over the
   sharded vocabulary are those of the unpadded one.
 """
@@ -46,10 +47,15 @@ RULES: dict[str, str | None] = {
 }
 
 # Weights: (module, leaf) -> logical axes of the leaf. Anything not listed is replicated (norms, the
-# drafter's fc, the MTP head's fc). The MTP head's decoder layer shards like the target's.
+# drafter's fc, the MTP head's fc). The MTP head's decoder layer shards like the target's. The target's
+# fused kernels (jaxspec/model.py `FUSED`) group their columns by what they split on; their parts, as the
+# checkpoint stores them (and the drafter's own projections), are listed too: a load reads those.
 PARAM_AXES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("embed_tokens", ""): ("vocab", "embed"),
     ("lm_head", "kernel"): ("embed", "vocab"),
+    ("gate_up_proj", "kernel"): ("embed", "mlp"),
+    ("qkv_proj", "kernel"): ("embed", "kv_heads"),
+    ("in_proj", "kernel"): ("embed", "gdn"),
     ("q_proj", "kernel"): ("embed", "heads"),
     ("k_proj", "kernel"): ("embed", "kv_heads"),
     ("v_proj", "kernel"): ("embed", "kv_heads"),
@@ -161,10 +167,19 @@ def tp_index(path: tuple, cfg, tp: int) -> tuple[int, np.ndarray] | None:
     position, -1 for padding), or None where they are the same."""
     names = [str(p) for p in path]
     module = names[-2] if len(names) > 1 else ""
-    if module in ("k_proj", "v_proj") and tp > cfg.num_kv_heads:
+    if module in ("k_proj", "v_proj", "qkv_proj") and tp > cfg.num_kv_heads:
         r, hd = tp // cfg.num_kv_heads, cfg.head_dim
         heads = np.repeat(np.arange(cfg.num_kv_heads), r)          # kv head j of the tp layout is j // r
-        return 1, (heads[:, None] * hd + np.arange(hd)[None]).reshape(-1)
+        kv = (heads[:, None] * hd + np.arange(hd)[None]).reshape(-1)
+        if module != "qkv_proj":
+            return 1, kv
+        # The fused q|k|v kernel: column ids of its parts, fused in both layouts, give where each column comes from.
+        from jaxspec.model import fuse_kernels, part_widths
+        wq, wk, _ = part_widths(cfg, "qkv_proj")
+        q, k, v = np.arange(wq), wq + np.arange(wk), wq + wk + np.arange(wk)
+        ids = fuse_kernels(cfg, "qkv_proj", [q[None], k[None], v[None]])[0]
+        ids_tp = fuse_kernels(tp_config(cfg, tp), "qkv_proj", [q[None], k[kv][None], v[kv][None]])[0]
+        return 1, np.argsort(ids)[ids_tp]
     if hasattr(cfg, "padded_vocab") and cfg.vocab_size % tp:
         rows = -(-cfg.vocab_size // tp) * tp
         idx = np.where(np.arange(rows) < cfg.vocab_size, np.arange(rows), -1)

@@ -21,7 +21,7 @@ from jaxspec import tree as trees
 from jaxspec.config import ConfigError
 from jaxspec.engine import Decoding, Engine, Proposal
 from jaxspec.generate import main
-from jaxspec.model import init_state
+from jaxspec.model import init_state, split_params
 from jaxspec.mtp import MTP, MTPHead
 from jaxspec.sampling import Sampling
 from test_convert import add_mtp, fake_mtp, rewrite
@@ -317,15 +317,16 @@ def test_sampled_mtp_matches_ar_distribution(tmp_path):
 def test_weights_from_hf_and_converted_dirs(causal, tmp_path):
     path, target, w = causal
     head = load_mtp(path, target.cfg)
-    params = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
+    params = split_params(target.cfg, {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))})
     for key, (p, _, kind) in mtp_layout(target.cfg).items():
         np.testing.assert_array_equal(params[p], w[key].T if kind == "linear" else w[key], err_msg=key)
     from convert.store import save_converted
     out = save_converted(target, tmp_path / "out", path)
     again = load_mtp(out, target.cfg, "bfloat16")
+    fused = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(head))}
     for p, v in nnx.to_flat_state(nnx.state(again)):
         assert v.get_value().dtype == jnp.bfloat16
-        np.testing.assert_array_equal(np.asarray(v.get_value()), params[p].astype(jnp.bfloat16), err_msg=str(p))
+        np.testing.assert_array_equal(np.asarray(v.get_value()), fused[p].astype(jnp.bfloat16), err_msg=str(p))
 
 
 def test_mixed_dtype_checkpoint_loads(tmp_path):
@@ -334,7 +335,7 @@ def test_mixed_dtype_checkpoint_loads(tmp_path):
     add_mtp(tmp_path, mtp)
     target = load_target(tmp_path, dtype="float32")
     head = load_mtp(tmp_path, target.cfg)
-    assert head.layers[0].self_attn.q_proj.kernel[...].dtype == jnp.float32
+    assert head.layers[0].self_attn.qkv_proj.kernel[...].dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(head.fc.kernel[...]), mtp["mtp.fc.weight"].astype(np.float32).T)
 
 

@@ -218,21 +218,34 @@ def test_orbax_restore_on_a_mesh(ckpt, target, tmp_path):
         np.testing.assert_array_equal(np.asarray(a[p]), np.asarray(b[p]), err_msg=str(p))
 
 
-def test_version_1_orbax_dirs_are_upgraded(ckpt, target, tmp_path):
-    """Version 1 kept the GDN fused channels in HF order; restoring one reorders them."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_orbax_dirs_are_upgraded(ckpt, target, tmp_path, version):
+    """Versions 1 and 2 stored the checkpoint's separate kernels, version 1 with the GDN's q|k|v channels in HF
+    order; restoring one (unsharded, or on a TP 8 mesh that repeats the kv heads) gives today's fused model."""
+    import shutil
+    from convert.store import PARAMS, write_tree
+    from jaxspec.model import split_params
     cfg = target.cfg
-    inverse = np.argsort(gdn_channel_order(*gdn_channels(cfg)))
-    old = load_target(ckpt, dtype="float32")
-    for layer in old.layers:
-        if not layer.is_full:
-            g = layer.linear_attn
-            g.in_proj_qkv.kernel.set_value(g.in_proj_qkv.kernel[...][:, inverse])
-            g.conv1d.set_value(g.conv1d[...][:, inverse])
-    out = save_converted(old, tmp_path / "v1", ckpt)
+    old = split_params(cfg, flat(load_target(ckpt, dtype="float32")))
+    assert ("layers", 0, "mlp", "gate_proj", "kernel") in old and not any("gate_up_proj" in map(str, p) for p in old)
+    if version == 1:
+        inverse = np.argsort(gdn_channel_order(*gdn_channels(cfg)))
+        for p in old:
+            if str(p[-1]) == "conv1d" or (len(p) > 1 and str(p[-2]) == "in_proj_qkv"):
+                old[p] = old[p][:, inverse]
+    out = save_converted(target, tmp_path / "old", ckpt)
+    shutil.rmtree(out / PARAMS)
+    write_tree(old, out / PARAMS)
     meta = json.loads((out / "jaxspec.json").read_text())
-    (out / "jaxspec.json").write_text(json.dumps({**meta, "version": 1}))
+    (out / "jaxspec.json").write_text(json.dumps({**meta, "version": version}))
     a, b = flat(restore_converted(out)), flat(target)
+    assert set(a) == set(b)
     for p in b:
+        np.testing.assert_array_equal(np.asarray(a[p]), np.asarray(b[p]), err_msg=str(p))
+    mesh = S.make_mesh(8, 1)
+    a, b = flat(load_model(out, mesh=mesh)), flat(S.shard_target(target, mesh))
+    for p in b:
+        assert a[p].sharding.is_equivalent_to(b[p].sharding, b[p].ndim), p
         np.testing.assert_array_equal(np.asarray(a[p]), np.asarray(b[p]), err_msg=str(p))
 
 
@@ -397,7 +410,7 @@ def test_mtp_sharded_equals_unsharded(target):
     head = MTPHead(target.cfg, rngs=nnx.Rngs(3))
     mesh = S.make_mesh(4, 2)
     st, sh = S.shard_target(target, mesh), S.shard_mtp(head, mesh)
-    assert sh.cfg.num_kv_heads == 4 and same_spec(sh.layers[0].self_attn.q_proj.kernel[...], ("embed", "heads"))
+    assert sh.cfg.num_kv_heads == 4 and same_spec(sh.layers[0].self_attn.qkv_proj.kernel[...], ("embed", "kv_heads"))
     prompts = [[5, 17, 300, 2], [9, 9, 400, 61, 7, 3]]
     ref = Engine(target, MTP(head, target.cfg, 3)).generate(prompts, 14, rounds_per_call=4)
     out = Engine(st, MTP(sh, st.cfg, 3), mesh=mesh).generate(prompts, 14, rounds_per_call=4)
