@@ -9,6 +9,7 @@ shapes at one row in bf16, `--layers` layers' products chained as in a decode st
   - `sep`: the checkpoint's weights, one product each (MLP gate / up; attention q / k / v; GDN qkv / z / b / a);
   - `merged`: one product of their weights side by side ([5120, 34816], [5120, 14336], [5120, 16480]).
 The MLP's down product follows in both (its input is the gate x up). Reported: ms a layer and TB/s of weight bytes.
+`out_proj` (session 37) times the [6144, 5120] output product stored [in, out] (the model's) and [out, in].
 Run it once as is and once with XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (cuBLAS for every product).
 Predicted (session 36): `sep` MLP ~4.17 TB/s (as in the model); `merged` MLP 4.25-4.40; attention `sep` below 3.7
 (k / v are 10 MB products), `merged` 4.0-4.3. A gain under ~2% of the step (0.3 ms) is not worth a new weight layout.
@@ -17,6 +18,7 @@ Predicted (session 36): `sep` MLP ~4.17 TB/s (as in the model); `merged` MLP 4.2
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -89,19 +91,57 @@ def time_family(name, merged, layers, calls, repeats=5):
                 tb_s=nbytes / (ms / 1e3) / 1e12, weight_gb=nbytes / 1e9)
 
 
+def time_out_proj(transposed: bool, layers: int, calls: int, repeats=5, k=6144, n=D):
+    """o_proj / GDN out_proj ([6144, 5120]; session 37: 3.57 TB/s in the model against 4.32 for the down product)
+    with the weight stored [in, out] (x @ w, the model's) or [out, in] (x @ w.T, the checkpoint's)."""
+    key = jax.random.key(1)
+    shape = (n, k) if transposed else (k, n)
+    ws = [(jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32) * 0.02).astype(jnp.bfloat16)
+          for i in range(layers)]
+
+    @jax.jit
+    def step(ws, x):
+        for w in ws:
+            y = x @ (w.T if transposed else w)
+            x = x + y[:, :1].astype(jnp.float32).sum().astype(x.dtype) * 1e-3
+        return x
+
+    x = jnp.ones((1, k), jnp.bfloat16)
+    for _ in range(3):
+        x = step(ws, x)
+    jax.block_until_ready(x)
+    per = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(calls):
+            x = step(ws, x)
+        jax.block_until_ready(x)
+        per.append((time.perf_counter() - t) / calls)
+    ms = float(np.median(per)) * 1e3
+    nbytes = layers * k * n * 2
+    return dict(family="out_proj", form="out_in" if transposed else "in_out", ms_per_layer=ms / layers,
+                tb_s=nbytes / (ms / 1e3) / 1e12, weight_gb=nbytes / 1e9)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--calls", type=int, default=20, help="calls back to back per timing")
+    ap.add_argument("--families", default="mlp,attn,gdn,out_proj",
+                    help="comma-separated: mlp, attn, gdn (separate vs side by side), out_proj (two weight layouts)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     res = dict(kind="gemv_forms", git=git_info(), device=str(jax.devices()[0].device_kind),
                xla_flags=os.environ.get("XLA_FLAGS", ""), rows=[])
-    for name in FAMILIES:
-        for merged in (False, True):
-            r = time_family(name, merged, args.layers, args.calls)
-            res["rows"].append(r)
-            print(f"{name:5s} {r['form']:6s} {r['ms_per_layer'] * 1e3:8.1f} us a layer  {r['tb_s']:.3f} TB/s", flush=True)
+    runs = [functools.partial(time_family, name, merged) for name in args.families.split(",") if name in FAMILIES
+            for merged in (False, True)]
+    if "out_proj" in args.families.split(","):
+        runs += [functools.partial(time_out_proj, t) for t in (False, True)]
+    for run in runs:
+        r = run(args.layers, args.calls)
+        res["rows"].append(r)
+        print(f"{r['family']:8s} {r['form']:6s} {r['ms_per_layer'] * 1e3:8.1f} us a layer  {r['tb_s']:.3f} TB/s",
+              flush=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
