@@ -76,8 +76,8 @@ def rope(x, positions, rotary_dim: int, theta: float):
 # Fused kernel -> the checkpoint's kernels it holds. Columns are grouped (`_groups`): group j holds, part after
 # part, group j's columns of each part. Groups are what tensor parallelism splits (MLP channels, kv heads with
 # their query heads, GDN key heads with their value heads), so a contiguous shard of the fused kernel is the
-# fused kernel of the parts' shards. Measured on the H200 (bench/results/2026-12-04-h200-s36, `k_gemv`): one
-# product side by side streams 4% (MLP), 10% (GDN) and 23% (attention) faster than the separate ones.
+# fused kernel of the parts' shards. On the H200 the 27B AR step at 1K went 14.29 -> 13.67 ms with it, the MLP's
+# product streaming 4.50 TB/s against 4.19 for gate and up apart (bench/results/2026-12-04-h200-s37/fused).
 FUSED = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -107,19 +107,9 @@ def fuse_kernels(cfg: TargetConfig, fused: str, parts):
     return xp.concatenate([p.reshape(d, g, -1) for p in parts], 2).reshape(d, -1)
 
 
-def split_kernel(cfg: TargetConfig, fused: str, kernel):
-    """The parts' kernels [in, width_i] of a fused kernel: the inverse of `fuse_kernels`."""
-    g = _groups(cfg, fused)
-    d = kernel.shape[0]
-    grouped, out, at = kernel.reshape(d, g, -1), [], 0
-    for w in part_widths(cfg, fused):
-        out.append(grouped[:, :, at:at + w // g].reshape(d, w))
-        at += w // g
-    return out
-
-
-def split_outputs(cfg: TargetConfig, fused: str, y):
-    """A fused product's output [..., sum of widths] as the parts' outputs [..., width_i]."""
+def split_columns(cfg: TargetConfig, fused: str, y):
+    """A fused kernel [in, sum of widths], or its product's output [..., sum of widths], as the parts' [..., width_i]:
+    the inverse of `fuse_kernels`."""
     g = _groups(cfg, fused)
     grouped, out, at = y.reshape(*y.shape[:-1], g, -1), [], 0
     for w in part_widths(cfg, fused):
@@ -154,15 +144,20 @@ def fuse_params(cfg: TargetConfig, values: dict, sharding=None) -> dict:
         if len(parts) == len(FUSED[str(fpath[-2])]):
             del pending[fpath]
             name, ordered = str(fpath[-2]), [parts[k] for k in range(len(parts))]
-            fn = functools.partial(fuse_kernels, cfg, name)
             if sharding is None:
-                out[fpath] = fn(ordered)
+                out[fpath] = fuse_kernels(cfg, name, ordered)
             else:
                 shape = (ordered[0].shape[0], sum(p.shape[1] for p in ordered))
-                out[fpath] = jax.jit(fn, out_shardings=sharding(fpath, shape))(ordered)
+                out[fpath] = _fuser(cfg, name, sharding(fpath, shape))(ordered)
     if pending:
         raise KeyError(f"fuse_params: incomplete fused kernels {sorted(map(str, pending))[:3]}")
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _fuser(cfg: TargetConfig, fused: str, sharding):
+    # One compiled program per kernel kind and sharding (jit caches by shape), not one per layer.
+    return jax.jit(functools.partial(fuse_kernels, cfg, fused), out_shardings=sharding)
 
 
 def split_params(cfg: TargetConfig, values: dict) -> dict:
@@ -173,7 +168,7 @@ def split_params(cfg: TargetConfig, values: dict) -> dict:
         if name not in FUSED:
             out[path] = x
             continue
-        fn = functools.partial(split_kernel, cfg, name)
+        fn = functools.partial(split_columns, cfg, name)
         parts = jax.eval_shape(fn, x) if isinstance(x, jax.ShapeDtypeStruct) else fn(x)
         for part, p in zip(FUSED[name], parts):
             out[path[:-2] + (part, "kernel")] = p
@@ -188,7 +183,7 @@ class MLP(nnx.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dt, rngs=rngs)
 
     def __call__(self, x):
-        gate, up = split_outputs(self.cfg, "gate_up_proj", self.gate_up_proj(x))
+        gate, up = split_columns(self.cfg, "gate_up_proj", self.gate_up_proj(x))
         return self.down_proj(jax.nn.silu(gate) * up)
 
 
@@ -209,7 +204,7 @@ class Attention(nnx.Module):
         cfg = self.cfg
         b, n, _ = x.shape
         hd, kvh = cfg.head_dim, cfg.num_kv_heads
-        qg, k, v = split_outputs(cfg, "qkv_proj", self.qkv_proj(x))
+        qg, k, v = split_columns(cfg, "qkv_proj", self.qkv_proj(x))
         qg = qg.reshape(b, n, cfg.num_heads, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:]
         q = rope(self.q_norm(q), positions, cfg.rotary_dim, cfg.rope_theta)
@@ -270,7 +265,7 @@ class GatedDeltaNet(nnx.Module):
             return self.decode(x, history, s0)
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        conv_in, z, b_, a = split_outputs(cfg, "in_proj", self.in_proj(x))
+        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x))
         z = z.reshape(b, n, hv, dv)
         beta = jax.nn.sigmoid(b_).astype(jnp.float32)
         a = a.astype(jnp.float32)
@@ -294,7 +289,7 @@ class GatedDeltaNet(nnx.Module):
         cfg = self.cfg
         b = x.shape[0]
         hv, dv, dk = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim
-        conv_in, z, b_, a = split_outputs(cfg, "in_proj", self.in_proj(x))
+        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x))
         z = z.reshape(b, hv, dv)
         out, k, delta, g = sharding.per_shard_gdn_decode(
             functools.partial(gdn_decode, eps=cfg.rms_norm_eps), conv_in[:, 0], history, self.conv1d[...], z,

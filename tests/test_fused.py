@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxspec.config import FULL, LINEAR, TargetConfig
-from jaxspec.model import FUSED, fuse_kernels, fuse_params, part_widths, split_kernel, split_outputs, split_params
+from jaxspec.model import FUSED, fuse_kernels, fuse_params, part_widths, split_columns, split_params
 
 
 def config(**kw) -> TargetConfig:
@@ -27,10 +27,10 @@ def test_split_inverts_fuse_and_products_agree(fused):
     parts = parts_of(cfg, fused, rs)
     kernel = fuse_kernels(cfg, fused, parts)
     assert kernel.shape == (cfg.hidden_size, sum(part_widths(cfg, fused)))
-    for got, want in zip(split_kernel(cfg, fused, kernel), parts):
+    for got, want in zip(split_columns(cfg, fused, kernel), parts):
         np.testing.assert_array_equal(got, want)
     x = rs.standard_normal((3, 2, cfg.hidden_size)).astype(np.float32)
-    for got, want in zip(split_outputs(cfg, fused, x @ kernel), parts):
+    for got, want in zip(split_columns(cfg, fused, x @ kernel), parts):
         np.testing.assert_array_equal(got, x @ want)        # each output column is one column's product
 
 
