@@ -68,12 +68,8 @@ def weights(widths, down, merged, layers, key):
     return out
 
 
-def time_family(name, merged, layers, calls, repeats=5):
-    widths, down = FAMILIES[name]
-    ws = weights(widths, down, merged, layers, jax.random.key(0))
-    jax.block_until_ready(ws)
-    step = make_step(widths, down, merged)
-    x = jnp.ones((1, D), jnp.bfloat16)
+def median_ms(step, ws, x, calls, repeats=5):
+    """Median ms of one call of step(ws, x) -> x, over `repeats` runs of `calls` calls back to back."""
     for _ in range(3):
         x = step(ws, x)
     jax.block_until_ready(x)
@@ -84,14 +80,24 @@ def time_family(name, merged, layers, calls, repeats=5):
             x = step(ws, x)
         jax.block_until_ready(x)
         per.append((time.perf_counter() - t) / calls)
+    return float(np.median(per)) * 1e3
+
+
+def row(family, form, ms, layers, nbytes):
+    return dict(family=family, form=form, ms_per_layer=ms / layers, tb_s=nbytes / (ms / 1e3) / 1e12,
+                weight_gb=nbytes / 1e9)
+
+
+def time_family(name, merged, layers, calls):
+    widths, down = FAMILIES[name]
+    ws = weights(widths, down, merged, layers, jax.random.key(0))
+    jax.block_until_ready(ws)
+    ms = median_ms(make_step(widths, down, merged), ws, jnp.ones((1, D), jnp.bfloat16), calls)
     nbytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(ws))
-    ms = float(np.median(per)) * 1e3
-    del ws
-    return dict(family=name, form="merged" if merged else "sep", ms_per_layer=ms / layers,
-                tb_s=nbytes / (ms / 1e3) / 1e12, weight_gb=nbytes / 1e9)
+    return row(name, "merged" if merged else "sep", ms, layers, nbytes)
 
 
-def time_out_proj(transposed: bool, layers: int, calls: int, repeats=5, k=6144, n=D):
+def time_out_proj(transposed: bool, layers: int, calls: int, k=6144, n=D):
     """o_proj / GDN out_proj ([6144, 5120]; session 37: 3.57 TB/s in the model against 4.32 for the down product)
     with the weight stored [in, out] (x @ w, the model's) or [out, in] (x @ w.T, the checkpoint's)."""
     key = jax.random.key(1)
@@ -106,21 +112,8 @@ def time_out_proj(transposed: bool, layers: int, calls: int, repeats=5, k=6144, 
             x = x + y[:, :1].astype(jnp.float32).sum().astype(x.dtype) * 1e-3
         return x
 
-    x = jnp.ones((1, k), jnp.bfloat16)
-    for _ in range(3):
-        x = step(ws, x)
-    jax.block_until_ready(x)
-    per = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(calls):
-            x = step(ws, x)
-        jax.block_until_ready(x)
-        per.append((time.perf_counter() - t) / calls)
-    ms = float(np.median(per)) * 1e3
-    nbytes = layers * k * n * 2
-    return dict(family="out_proj", form="out_in" if transposed else "in_out", ms_per_layer=ms / layers,
-                tb_s=nbytes / (ms / 1e3) / 1e12, weight_gb=nbytes / 1e9)
+    ms = median_ms(step, ws, jnp.ones((1, k), jnp.bfloat16), calls)
+    return row("out_proj", "out_in" if transposed else "in_out", ms, layers, layers * k * n * 2)
 
 
 def main(argv=None) -> int:
