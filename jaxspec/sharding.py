@@ -14,8 +14,9 @@ Layout for a tensor-parallel degree `tp` (the model's own layout at tp = 1 is th
 - GDN: the q|k|v channels are stored in key-head-group order (convert/keys.py), and the fused qkv|z|b|a
   kernel per key-head group, so whole groups (key head, its value heads) split `tp` ways for any tp
   dividing linear_num_key_heads; A_log, dt_bias, out_proj rows and the recurrent state follow the value heads;
-- MLP: intermediate split (the fused gate|up kernel holds each channel's two columns side by side); vocabulary: embedding rows and lm_head columns split, padded to a multiple of
-  tp (`TargetConfig.padded_vocab`) with the padded logits -inf, so argmax, sampling and top-k over the
+- MLP: intermediate split (the fused gate|up kernel holds each channel's two columns side by side);
+- vocabulary: embedding rows and lm_head columns split, padded to a multiple of tp
+  (`TargetConfig.padded_vocab`) with the padded logits -inf, so argmax, sampling and top-k over the
   sharded vocabulary are those of the unpadded one.
 """
 
