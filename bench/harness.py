@@ -410,7 +410,7 @@ def make_parts(graphdef, cfg: TargetConfig, batch: int):
     def mlp_stack(params, x):
         m = nnx.merge(graphdef, params)
         for layer in m.layers:
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.mlp(*layer.post_attention_layernorm.deferred(x))
         return x
 
     def attn_stack(params, keys, values, length, x):
@@ -419,8 +419,9 @@ def make_parts(graphdef, cfg: TargetConfig, batch: int):
         keys, values, fi = list(keys), list(values), 0
         for layer in m.layers:
             if layer.is_full:
-                h, keys[fi], values[fi] = layer.self_attn(layer.input_layernorm(x), keys[fi], values[fi], length,
-                                                          length[:, None] + tr.depth, tr)
+                h, r = layer.input_layernorm.deferred(x)
+                h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], length, length[:, None] + tr.depth,
+                                                          tr, r)
                 x, fi = x + h, fi + 1
         return x, tuple(keys), tuple(values)
 
@@ -430,7 +431,8 @@ def make_parts(graphdef, cfg: TargetConfig, batch: int):
         pend, li = [], 0
         for layer in m.layers:
             if not layer.is_full:
-                h, p = layer.linear_attn(layer.input_layernorm(x), conv[li], ssm[li], tr)
+                h, r = layer.input_layernorm.deferred(x)
+                h, p = layer.linear_attn(h, conv[li], ssm[li], tr, r)
                 x, li = x + h, li + 1
                 pend.append(p)
         with jax.named_scope("commit"):

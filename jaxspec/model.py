@@ -43,8 +43,10 @@ class Linear(nnx.Module):
     def __init__(self, d_in: int, d_out: int, *, dtype, rngs: nnx.Rngs):
         self.kernel = _init(rngs, (d_in, d_out), dtype)
 
-    def __call__(self, x):
-        return skinny_matmul.matmul(x, self.kernel[...])     # XLA's dot unless JAXSPEC_SKINNY_MATMUL opts in
+    def __call__(self, x, row_scale=None):
+        """`row_scale` [..., 1] fp32: each row of the product times it (RMSNorm.deferred's 1 / rms)."""
+        y = skinny_matmul.matmul(x, self.kernel[...])     # XLA's dot unless JAXSPEC_SKINNY_MATMUL opts in
+        return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -58,6 +60,15 @@ class RMSNorm(nnx.Module):
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + self.eps)
         return (xf * (self.offset + self.weight[...].astype(jnp.float32))).astype(x.dtype)
+
+    def deferred(self, x):
+        """The norm with its row scale left for the product it feeds: (x * (offset + w), 1 / rms(x) [..., 1] fp32),
+        so that norm(x) @ W = (x * (offset + w)) @ W * r up to rounding. Taken after the product, the scale no
+        longer needs its own pass over x: the residual add, the sum of squares and the weight become one fusion
+        (#6, bench/next/k_norm.py)."""
+        xf = x.astype(jnp.float32)
+        r = jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + self.eps)
+        return (xf * (self.offset + self.weight[...].astype(jnp.float32))).astype(x.dtype), r
 
 
 def rope(x, positions, rotary_dim: int, theta: float):
@@ -182,8 +193,9 @@ class MLP(nnx.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, dtype=dt, rngs=rngs)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dt, rngs=rngs)
 
-    def __call__(self, x):
-        gate, up = split_columns(self.cfg, "gate_up_proj", self.gate_up_proj(x))
+    def __call__(self, x, row_scale=None):
+        """`row_scale`: the deferred scale of the norm in front (RMSNorm.deferred), or None."""
+        gate, up = split_columns(self.cfg, "gate_up_proj", self.gate_up_proj(x, row_scale))
         return self.down_proj(jax.nn.silu(gate) * up)
 
 
@@ -198,13 +210,13 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
         self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
 
-    def __call__(self, x, keys, values, start, positions, tree: Tree):
-        """x [B,N,D]; keys/values [B,L,KV,hd] committed cache; start [B]. Returns y and the cache with
-        the N tree slots written at start..start+N-1."""
+    def __call__(self, x, keys, values, start, positions, tree: Tree, row_scale=None):
+        """x [B,N,D]; keys/values [B,L,KV,hd] committed cache; start [B]; `row_scale` as in MLP. Returns y and
+        the cache with the N tree slots written at start..start+N-1."""
         cfg = self.cfg
         b, n, _ = x.shape
         hd, kvh = cfg.head_dim, cfg.num_kv_heads
-        qg, k, v = split_columns(cfg, "qkv_proj", self.qkv_proj(x))
+        qg, k, v = split_columns(cfg, "qkv_proj", self.qkv_proj(x, row_scale))
         qg = qg.reshape(b, n, cfg.num_heads, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:]
         q = rope(self.q_norm(q), positions, cfg.rotary_dim, cfg.rope_theta)
@@ -258,14 +270,15 @@ class GatedDeltaNet(nnx.Module):
             out = out + jnp.take_along_axis(ext, idx[..., None], 1) * w[kw - 1 - d]
         return jax.nn.silu(out)
 
-    def __call__(self, x, history, s0, tree: Tree):
+    def __call__(self, x, history, s0, tree: Tree, row_scale=None):
+        """`row_scale` as in MLP."""
         cfg = self.cfg
         b, n, _ = x.shape
         if n == 1 and gdn_decode_api.resolve() != "reference":
-            return self.decode(x, history, s0)
+            return self.decode(x, history, s0, row_scale)
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x))
+        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x, row_scale))
         z = z.reshape(b, n, hv, dv)
         beta = jax.nn.sigmoid(b_).astype(jnp.float32)
         a = a.astype(jnp.float32)
@@ -282,14 +295,14 @@ class GatedDeltaNet(nnx.Module):
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
         return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)
 
-    def decode(self, x, history, s0):
+    def decode(self, x, history, s0, row_scale=None):
         """The one-token step through the fused kernel (pallas_kernels/gdn_decode, opt-in by
         JAXSPEC_GDN_DECODE): the same outputs as __call__ on a one-node tree, in one kernel per layer
         between the in_proj and out_proj gemms; per shard under a mesh."""
         cfg = self.cfg
         b = x.shape[0]
         hv, dv, dk = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim
-        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x))
+        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x, row_scale))
         z = z.reshape(b, hv, dv)
         out, k, delta, g = sharding.per_shard_gdn_decode(
             functools.partial(gdn_decode, eps=cfg.rms_norm_eps), conv_in[:, 0], history, self.conv1d[...], z,
@@ -300,13 +313,14 @@ class GatedDeltaNet(nnx.Module):
 
 
 def add_norm(x, u, norm: RMSNorm):
-    """(x + u, norm(x + u)): a residual add and the RMSNorm after it, as one Pallas kernel when
-    JAXSPEC_ADD_RMS_NORM selects it (pallas_kernels/add_rms_norm; per shard under a mesh)."""
+    """(x + u, h, r) with h * r = norm(x + u): a residual add and the RMSNorm after it, its row scale r deferred
+    to the product that h feeds (RMSNorm.deferred); or, when JAXSPEC_ADD_RMS_NORM selects it, one Pallas kernel
+    (pallas_kernels/add_rms_norm; per shard under a mesh) with r = None."""
     if add_norm_api.resolve() == "reference":
         s = x + u
-        return s, norm(s)
+        return (s,) + norm.deferred(s)
     fn = functools.partial(add_rms_norm, eps=norm.eps, offset=norm.offset)
-    return sharding.per_shard_rows(fn, x, u, norm.weight[...])
+    return sharding.per_shard_rows(fn, x, u, norm.weight[...]) + (None,)
 
 
 def l2norm(x, eps=1e-6):
@@ -425,7 +439,8 @@ class Qwen35(nnx.Module):
 
     def logits(self, h):
         """Final norm + lm_head, in fp32. h [..., D] is the residual stream."""
-        return mask_vocab(jnp.einsum("...d,dv->...v", self.norm(h), self.unembedding()).astype(jnp.float32),
+        h, r = self.norm.deferred(h)
+        return mask_vocab(jnp.einsum("...d,dv->...v", h, self.unembedding()).astype(jnp.float32) * r,
                           self.cfg.vocab_size)
 
     def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None):
@@ -441,19 +456,19 @@ class Qwen35(nnx.Module):
         x = self.embed(tokens)
         keys, values, pend, tapped = list(state.keys), list(state.values), [], {}
         fi = li = 0
-        h = self.layers[0].input_layernorm(x)
+        h, r = self.layers[0].input_layernorm.deferred(x)   # each norm's scale r is taken after its product
         for i, layer in enumerate(self.layers):
             if layer.is_full:
-                h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree)
+                h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree, r)
                 fi += 1
             else:
-                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree)
+                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree, r)
                 pend.append(p)
                 li += 1
-            x, h = add_norm(x, h, layer.post_attention_layernorm)
-            h = layer.mlp(h)
+            x, h, r = add_norm(x, h, layer.post_attention_layernorm)
+            h = layer.mlp(h, r)
             if i + 1 < len(self.layers):                 # the next layer's input norm, with this residual add
-                x, h = add_norm(x, h, self.layers[i + 1].input_layernorm)
+                x, h, r = add_norm(x, h, self.layers[i + 1].input_layernorm)
             else:
                 x = x + h
             if i in taps:
