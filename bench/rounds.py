@@ -130,6 +130,9 @@ def main(argv=None):
                     help="DDTree budget of the timed round; a comma list (63,64,79) times a round at each, in one "
                          "process (phases ddtree{B}_round)")
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
+    ap.add_argument("--ar-rounds", type=int, default=100,
+                    help="rounds per call of the AR device loop (default: %(default)s; Engine.generate runs a whole "
+                         "generation in one call, so its fixed host work per call is spread over its tokens)")
     ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing")
     ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time")
     ap.add_argument("--phases", default="ar,dflash,ddtree,mtp",
@@ -174,6 +177,8 @@ def main(argv=None):
     contexts = H.parse_contexts(ap, "--context", args.context)
     # Room for the timed calls: k commits of up to a block each, the rounds, the largest tree.
     need = max(contexts) + (args.k + 1) * bs + args.rounds * (max(round_budgets + [bs] + budgets) + 1) + 2
+    if "ar" in groups:    # the AR loop's calls (H.engine_rounds: 2 untimed + 4 x (1 + 4) timed) commit a token a round
+        need = max(need, max(contexts) + 22 * args.ar_rounds + 2)
     max_len = args.max_len or max(max(contexts) + 64 * args.rounds * 8 + 1100, need)
     if max_len < need:
         ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context + (k + 1) blocks + rounds x "
@@ -283,17 +288,17 @@ def main(argv=None):
         log(f"ar_step {ph['ar_step']}")
         save()
 
-        def engine_rounds(spec, name, cache=None):
+        def engine_rounds(spec, name, cache=None, rounds=args.rounds):
             eng = memo(name, lambda: Engine(model, spec(), Sampling()) if spec else Engine(model, None, Sampling()))
             st = H.random_state(cfg, 1, max_len, ctx)
             if cache is None:
                 cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()
-            ph[name] = H.engine_rounds(eng, st, cache, args.rounds)
+            ph[name] = H.engine_rounds(eng, st, cache, rounds)
             log(f"{name} {ph[name]}")
             save()
 
         if "ar" in groups:
-            engine_rounds(None, "ar_round_device_loop")
+            engine_rounds(None, "ar_round_device_loop", rounds=args.ar_rounds)
             if args.trace_ar and ctx == contexts[0]:
                 ph["ar_trace"] = trace_ar(step, made["ar_round_device_loop"], ctx)
                 log(f"ar_trace {ph['ar_trace']['loop_minus_step']}")

@@ -235,6 +235,7 @@ def main(argv=None) -> int:
                     help="prefix of the tree-attention kernel timing (default: the longest context; -1: skip)")
     ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing (bench.rounds)")
     ap.add_argument("--rounds", type=int, default=10, help="rounds per device-loop call (bench.rounds)")
+    ap.add_argument("--ar-rounds", type=int, default=100, help="rounds per call of the AR device loop (bench.rounds)")
     ap.add_argument("--tau", type=float, default=9.18, help="acceptance length for the tokens/s column")
     ap.add_argument("--parts", default=",".join(PARTS), help="which parts to run (comma-separated, default: all)")
     ap.add_argument("--deadline-s", type=float, default=0, help="stop starting parts after this many seconds, and "
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
 
     part("rounds", ["bench.rounds", "--config", args.config, "--dtype", args.dtype, "--context", args.contexts,
                     "--phases", "ar,dflash,ddtree", "--budgets", str(args.budget), "--round-budget", str(args.budget),
-                    "--k", str(args.k), "--rounds", str(args.rounds), "--out", str(out / "rounds.json")])
+                    "--k", str(args.k), "--rounds", str(args.rounds), "--ar-rounds", str(args.ar_rounds), "--out", str(out / "rounds.json")])
     on_gpu = _default_backend() == "gpu"
     part("attention", ["pallas_kernels.tree_attention.bench", "--prefixes", str(prefix),
                        "--sizes", f"1,{args.budget + 1}", "--json", str(out / "tree_attention.json")]
