@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -50,9 +49,6 @@ class Linear(nnx.Module):
         return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
 
 
-DEFERRED_ROWS = 1025   # RMSNorm.deferred: up to a tree of the largest DDTree budget
-
-
 class RMSNorm(nnx.Module):
     """RMSNorm in fp32. `offset=1.0` is Qwen3.5's zero-centred (1 + w) form; 0.0 the plain w form."""
 
@@ -69,10 +65,7 @@ class RMSNorm(nnx.Module):
         """The norm with its row scale left for the product it feeds: (x * (offset + w), 1 / rms(x) [..., 1] fp32),
         so that norm(x) @ W = (x * (offset + w)) @ W * r up to rounding. Taken after the product, the scale no
         longer needs its own pass over x: the residual add, the sum of squares and the weight become one fusion
-        (#6, bench/next/k_norm.py). Past DEFERRED_ROWS rows (a prefill) the scale would cost a pass over the wider
-        product instead: the norm is applied before it, with r = None (the 8K prefill took 2% longer deferred)."""
-        if math.prod(x.shape[:-1]) > DEFERRED_ROWS:
-            return self(x), None
+        (#6, bench/next/k_norm.py): 129 fewer kernels in the 27B AR step (bench/results/2026-12-04-h200-s38)."""
         xf = x.astype(jnp.float32)
         r = jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + self.eps)
         return (xf * (self.offset + self.weight[...].astype(jnp.float32))).astype(x.dtype), r
@@ -447,8 +440,8 @@ class Qwen35(nnx.Module):
     def logits(self, h):
         """Final norm + lm_head, in fp32. h [..., D] is the residual stream."""
         h, r = self.norm.deferred(h)
-        logits = jnp.einsum("...d,dv->...v", h, self.unembedding()).astype(jnp.float32)
-        return mask_vocab(logits if r is None else logits * r, self.cfg.vocab_size)
+        return mask_vocab(jnp.einsum("...d,dv->...v", h, self.unembedding()).astype(jnp.float32) * r,
+                          self.cfg.vocab_size)
 
     def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None):
         """Verify forward of a tree of N tokens per sequence on top of `state`.

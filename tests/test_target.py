@@ -170,25 +170,19 @@ def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
         np.testing.assert_allclose(x[:, :13], y[:, :13], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("deferred_rows", [0, 1025])
-def test_norm_scale_before_or_after_the_product(tmp_path, monkeypatch, deferred_rows):
-    """RMSNorm.deferred leaves the 1 / rms scale for after the product up to DEFERRED_ROWS rows and applies the norm
-    before it past them: either way the target gives transformers' logits."""
-    from jaxspec import model as M
-    monkeypatch.setattr(M, "DEFERRED_ROWS", deferred_rows)
+
+def test_norm_scale_after_the_product(tmp_path):
+    """RMSNorm.deferred leaves the 1 / rms scale for after the product: (x * (1 + w)) @ W * r = norm(x) @ W, and the
+    target built on it gives transformers' logits."""
     hf = make_causal_lm(tmp_path, seed=2)
     model = load_target(tmp_path, dtype="float32")
     x = jnp.asarray(np.random.RandomState(1).randn(3, 5, model.cfg.hidden_size), jnp.float32)
     norm = model.layers[0].input_layernorm
     h, r = norm.deferred(x)
-    if deferred_rows:
-        assert r.shape == (3, 5, 1)
-        w = np.random.RandomState(2).randn(model.cfg.hidden_size, 7)
-        np.testing.assert_allclose(np.asarray(h @ w * r), np.asarray(norm(x) @ w), rtol=1e-4, atol=1e-4)
-        assert not np.allclose(np.asarray(h), np.asarray(norm(x)), atol=1e-3)   # the scale really moved
-    else:
-        assert r is None
-        np.testing.assert_array_equal(np.asarray(h), np.asarray(norm(x)))
+    assert r.shape == (3, 5, 1)
+    w = np.random.RandomState(2).randn(model.cfg.hidden_size, 7)
+    np.testing.assert_allclose(np.asarray(h @ w * r), np.asarray(norm(x) @ w), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(np.asarray(h), np.asarray(norm(x)), atol=1e-3)   # the scale really moved
     ids = np.random.RandomState(3).randint(0, 512, (2, 40))
     ref, _ = _forward_hf(hf, ids)
     logits, _, _, _ = model(jnp.asarray(ids), init_state(model.cfg, 2, 48), trees.chain(2, 40))
