@@ -64,8 +64,8 @@ class RMSNorm(nnx.Module):
     def deferred(self, x):
         """The norm with its row scale left for the product it feeds: (x * (offset + w), 1 / rms(x) [..., 1] fp32),
         so that norm(x) @ W = (x * (offset + w)) @ W * r up to rounding. Taken after the product, the scale no
-        longer needs its own pass over x: the residual add, the sum of squares and the weight become one fusion
-        (#6, bench/next/k_norm.py): 129 fewer kernels in the 27B AR step (bench/results/2026-12-04-h200-s38)."""
+        longer needs its own pass over x: the sum of squares and x * (offset + w) come out of one fusion, and r rides
+        in the product's consumers. #6: 129 fewer kernels in the 27B AR step (bench/results/2026-12-04-h200-s38)."""
         xf = x.astype(jnp.float32)
         r = jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + self.eps)
         return (xf * (self.offset + self.weight[...].astype(jnp.float32))).astype(x.dtype), r
