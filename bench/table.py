@@ -8,7 +8,8 @@ Five parts, each in its own process so that each starts with the whole GPU (the 
 
 1. `bench.rounds --phases ar,dflash,ddtree` at every context: AR step (back to back and inside the engine's
    device loop), drafter step, verify(16) and verify(B + 1), tree build, accept + commit, DFlash and
-   DDTree(B) rounds (rounds.json, rounds.log);
+   DDTree(B) rounds (rounds.json, rounds.log). The AR loop runs in calls of --ar-rounds rounds (default 100:
+   Engine.generate runs a whole generation in one call), the DFlash and DDTree loops in calls of --rounds;
 2. `pallas_kernels.tree_attention.bench` at the longest context, N = 1 and B + 1 nodes: the kernel's KV
    bytes per second against a copy measured in the same process, and its FLOP/s against part 3's matmul rate
    (many nodes over a long prefix are compute-bound) (tree_attention.json);
@@ -264,7 +265,8 @@ def main(argv=None) -> int:
 
     part("rounds", ["bench.rounds", "--config", args.config, "--dtype", args.dtype, "--context", args.contexts,
                     "--phases", "ar,dflash,ddtree", "--budgets", str(args.budget), "--round-budget", str(args.budget),
-                    "--k", str(args.k), "--rounds", str(args.rounds), "--ar-rounds", str(args.ar_rounds), "--out", str(out / "rounds.json")])
+                    "--k", str(args.k), "--rounds", str(args.rounds), "--ar-rounds", str(args.ar_rounds),
+                    "--out", str(out / "rounds.json")])
     on_gpu = _default_backend() == "gpu"
     part("attention", ["pallas_kernels.tree_attention.bench", "--prefixes", str(prefix),
                        "--sizes", f"1,{args.budget + 1}", "--json", str(out / "tree_attention.json")]

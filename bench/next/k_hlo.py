@@ -31,7 +31,8 @@ PLAIN = {"parameter", "dot", "convert", "bitcast", "ROOT", "constant", "tuple", 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=4, help="decoder layers, in the 27B's order (default: 3 GDN + 1 full)")
+    ap.add_argument("--layers", type=int, default=4,
+                    help="decoder layers, in the 27B's order (default: 3 GDN + 1 full)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     out = Path(args.out)
