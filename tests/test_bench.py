@@ -132,9 +132,11 @@ def test_rounds_phases_and_partial_json(tmp_path):
     from bench import rounds
     out = tmp_path / "rounds.json"
     rounds.main(["--config", "tiny", "--context", "32", "--phases", "ar,ddtree,mtp", "--budgets", "4",
-                 "--round-budget", "4", "--mtp-tokens", "1", "--k", "1", "--rounds", "2", "--out", str(out)])
+                 "--round-budget", "4", "--mtp-tokens", "1", "--k", "1", "--rounds", "2", "--ar-rounds", "3",
+                 "--out", str(out)])
     res = json.loads(out.read_text())
     ph = res["phases"]
+    assert ph["ar_round_device_loop"]["rounds_per_call"] == 3 and ph["ddtree4_round"]["rounds_per_call"] == 2
     for key in ("ar_step", "ar_round_device_loop", "draft", "verify_tree5", "accept_commit_tree5", "ddtree4_round",
                 "mtp_step", "mtp_draft_k1", "mtp1_round"):
         _positive(ph[key], "median_ms")
@@ -193,7 +195,7 @@ def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path):
     from bench import rounds
     out = tmp_path / "rounds.json"
     rounds.main(["--config", "tiny", "--context", "32", "--phases", "ar", "--trace-ar", "--k", "1", "--rounds", "2",
-                 "--out", str(out)])
+                 "--ar-rounds", "2", "--out", str(out)])
     tr = json.loads(out.read_text())["phases"]["ar_trace"]
     for form in ("ar_step", "ar_round_device_loop"):
         _positive(tr[form], "kernel_ms_per_step", "span_ms_per_step", "kernels_per_step")

@@ -149,9 +149,11 @@ def test_parts_past_the_deadline_leave_rows_unmeasured(tmp_path, capsys, monkeyp
 @pytest.mark.slow
 def test_all_parts_run_on_cpu(tmp_path):
     rc = table.main(["--config", "tiny", "--contexts", "64,128", "--budget", "8", "--prefill", "64", "--k", "2",
-                     "--rounds", "2", "--out", str(tmp_path)])
+                     "--rounds", "2", "--ar-rounds", "3", "--out", str(tmp_path)])
     t = json.loads((tmp_path / "table.json").read_text())
     assert rc == 0, t["parts"]
+    loops = json.loads((tmp_path / "rounds.json").read_text())["contexts"]["64"]
+    assert loops["ar_round_device_loop"]["rounds_per_call"] == 3 and loops["dflash_round"]["rounds_per_call"] == 2
     assert {r["context"] for r in t["rows"]} == {64, 128, None}
     missing = [r["row"] for r in t["rows"] if r["value"] is None]
     assert not missing, missing
