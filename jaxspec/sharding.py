@@ -22,7 +22,6 @@ Layout for a tensor-parallel degree `tp` (the model's own layout at tp = 1 is th
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable
 
