@@ -138,6 +138,11 @@ class AR(Speculator):
 # XLA's default command-buffer (CUDA graph) kinds in jax 0.11.2's XLA, plus WHILE and CONDITIONAL: a call of the
 # round loop then runs as one graph, without a return to the host for each round's loop predicate.
 LOOP_GRAPH_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+# XLA's conversion pass counts a WHILE as one thunk (not its body) against xla_gpu_graph_min_graph_size (default 5):
+# a loop whose whole body converts sits in a sequence of ~2 thunks and was left out of any graph. Hence 1. Timed in
+# one lease on the H200 at 1K context, real 27B shape, 100 rounds a call: the AR loop with the fused GDN one-token
+# kernel 13.65 -> 13.30 ms a round (bench/results/2026-12-04-h200-s39/).
+LOOP_GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1}
 
 
 def loop_compiler_options(spec: Speculator) -> dict:
@@ -151,7 +156,7 @@ def loop_compiler_options(spec: Speculator) -> dict:
     if mode not in ("none", "ar", "all"):
         raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))
-    return {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS} if on else {}
+    return LOOP_GRAPH_OPTIONS if on else {}
 
 
 @jax.tree_util.register_dataclass

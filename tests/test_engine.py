@@ -103,7 +103,7 @@ def test_loop_graphs_flag(tiny, monkeypatch):
     naming the variable."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import AR, LOOP_GRAPH_COMMANDS, loop_compiler_options
-    graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS}
+    graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1}
     spec = object.__new__(DFlash)
     monkeypatch.delenv("JAXSPEC_LOOP_GRAPHS", raising=False)
     assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}   # the default is `ar`

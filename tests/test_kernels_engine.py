@@ -27,12 +27,15 @@ FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE", 
 
 @pytest.fixture(scope="module")
 def baseline(tiny_hf):
-    """Greedy AR with every op on its default (jnp) implementation."""
+    """Greedy AR with every op on its jnp reference (on a GPU too, where some kernels are the default)."""
     target = load_target(tiny_hf[0], dtype="float32")
     rs = np.random.RandomState(7)
     prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 17)]
     n_new = 22
-    return target, prompts, n_new, Engine(target).generate(prompts, n_new).tokens
+    with pytest.MonkeyPatch.context() as mp:
+        for flag in FLAGS:
+            mp.setenv(flag, "reference")
+        return target, prompts, n_new, Engine(target).generate(prompts, n_new).tokens
 
 
 def _count_traces(monkeypatch):

@@ -26,7 +26,8 @@ IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
 
 def resolve(implementation: str | None = None) -> str:
     """The implementation the model's one-token GDN step runs."""
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
+    default = "pallas_triton" if dispatch.on_gpu() else "reference"
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
 
 
 def gdn_decode(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0, *, eps: float,
