@@ -2,17 +2,19 @@
 
 | implementation     | what                                                     | where by default |
 | ------------------ | -------------------------------------------------------- | ---------------- |
-| "pallas_triton"    | one fused kernel per layer, Triton lowering               | never (opt-in)   |
-| "reference"        | jaxspec/model.py's general tree path (the jnp spec)       | everywhere       |
+| "pallas_triton"    | one fused kernel per layer, Triton lowering               | GPU              |
+| "reference"        | jaxspec/model.py's general tree path (the jnp spec)       | elsewhere        |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter              | never (tests)    |
 
-Opt-in through JAXSPEC_GDN_DECODE (read when the model is traced). It passed its CPU tests (interpret
-mode, the Triton lowering for an abstract H200) and its GPU tests on the H200, and in the model it runs
-in 6.5 us a layer (0.31 ms of the 64-layer AR step's kernels). But the AR round did not get shorter:
-15.40 / 15.43 ms without it, 15.36 ms with it (one H200, real shape, 1K context;
-bench/results/2026-11-30-h200-kernel-flags). The step without the flag was not profiled in the same
-session, so what XLA's path costs today is not known. So it is not the default. "reference" leaves the model
-on its general path (`GatedDeltaNet.__call__` for any tree), of which reference.py is the one-node case.
+JAXSPEC_GDN_DECODE (read when the model is traced) forces one. The kernel passed its CPU tests (interpret mode,
+the Triton lowering for an abstract H200) and its GPU tests on the H200. Alone it shortened the AR round little
+(15.40 -> 15.36 ms, bench/results/2026-11-30-h200-kernel-flags). What made it the GPU default (session 39,
+bench/results/2026-12-04-h200-s39): with it XLA treats the engine's AR loop as one convertible WHILE, which its
+minimum graph size (5 thunks, the WHILE counted as one) had left out of any CUDA graph; with that minimum set to 1
+on the loop's compile (jaxspec/engine.py, LOOP_GRAPH_OPTIONS) the AR loop went 13.54 -> 13.30 ms a round at 1K,
+real shape, in one lease. "reference"
+leaves the model on its general path (`GatedDeltaNet.__call__` for any tree), of which reference.py is the
+one-node case.
 """
 
 from __future__ import annotations
