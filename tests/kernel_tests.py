@@ -13,15 +13,17 @@ def on_gpu(test):
     return pytest.mark.gpu(skip(test))
 
 
-def check_opt_in_dispatch(api, monkeypatch):
-    """An opt-in op's dispatch: "reference" by default, on a GPU too; its flag picks the kernel, an explicit
-    implementation= wins over the flag, and an unknown name is refused naming the flag."""
+def check_dispatch(api, monkeypatch, gpu_default="reference"):
+    """An op's dispatch: "reference" by default on a CPU, `gpu_default` on a GPU ("reference" for an opt-in
+    kernel); its flag forces an implementation, an explicit implementation= wins over the flag, and an unknown
+    name is refused naming the flag."""
     monkeypatch.delenv(api.ENV_VAR, raising=False)
-    assert api.resolve() == "reference"
+    assert api.resolve() == "reference"                        # this test runs on the CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve() == "reference"
-    monkeypatch.setenv(api.ENV_VAR, "pallas_triton")
-    assert api.resolve() == "pallas_triton" and api.resolve("reference") == "reference"
+    assert api.resolve() == gpu_default
+    other = "reference" if gpu_default == "pallas_triton" else "pallas_triton"
+    monkeypatch.setenv(api.ENV_VAR, other)
+    assert api.resolve() == other and api.resolve(gpu_default) == gpu_default
     monkeypatch.setenv(api.ENV_VAR, "triton")
     with pytest.raises(ValueError, match=api.ENV_VAR):
         api.resolve()

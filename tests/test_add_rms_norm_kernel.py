@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_tests import check_opt_in_dispatch, on_gpu
+from kernel_tests import check_dispatch, on_gpu
 from pallas_kernels.add_rms_norm import api, pallas_triton, reference
 
 
@@ -49,7 +49,7 @@ def test_chunks():
 
 
 def test_dispatch(monkeypatch):
-    check_opt_in_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
+    check_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
 
 
 @pytest.fixture(scope="module")

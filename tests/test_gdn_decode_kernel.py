@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_tests import on_gpu
+from kernel_tests import check_dispatch, on_gpu
 from pallas_kernels.gdn_decode import api, pallas_triton, reference
 from pallas_kernels.gdn_decode.arg_specs import REAL, make_inputs, shapes
 
@@ -54,17 +54,7 @@ def test_bad_layouts_are_refused(seed):
 
 
 def test_dispatch(monkeypatch):
-    """The kernel by default on a GPU (the AR loop then converts into one CUDA graph), the reference elsewhere;
-    the flag forces either, an explicit implementation= wins over it, an unknown name is refused naming it."""
-    monkeypatch.delenv(api.ENV_VAR, raising=False)
-    assert api.resolve() == "reference"                        # this test runs on the CPU
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert api.resolve() == "pallas_triton"
-    monkeypatch.setenv(api.ENV_VAR, "reference")
-    assert api.resolve() == "reference" and api.resolve("pallas_triton") == "pallas_triton"
-    monkeypatch.setenv(api.ENV_VAR, "triton")
-    with pytest.raises(ValueError, match=api.ENV_VAR):
-        api.resolve()
+    check_dispatch(api, monkeypatch, gpu_default="pallas_triton")   # the AR loop converts into one CUDA graph with it
 
 
 def _layer_and_inputs(target, seed, b=2):

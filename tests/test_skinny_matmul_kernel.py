@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_tests import check_opt_in_dispatch, on_gpu
+from kernel_tests import check_dispatch, on_gpu
 from pallas_kernels.skinny_matmul import api, arg_specs, pallas_mosaic, pallas_triton, reference
 
 BOUND = {"float32": 1e-4, "bfloat16": 1e-2}
@@ -70,7 +70,7 @@ def test_kernel_refuses_what_it_does_not_take(m, k, n):
 
 
 def test_dispatch(monkeypatch):
-    check_opt_in_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
+    check_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
 
 
 def test_where_the_kernel_applies():
