@@ -296,9 +296,9 @@ class GatedDeltaNet(nnx.Module):
         return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)
 
     def decode(self, x, history, s0, row_scale=None):
-        """The one-token step through the fused kernel (pallas_kernels/gdn_decode: the GPU
-        default, JAXSPEC_GDN_DECODE forces either): the same outputs as __call__ on a one-node tree, in one kernel per layer
-        between the in_proj and out_proj gemms; per shard under a mesh."""
+        """The one-token step through the fused kernel (pallas_kernels/gdn_decode: the GPU default,
+        JAXSPEC_GDN_DECODE forces either): the same outputs as __call__ on a one-node tree, in one kernel
+        per layer between the in_proj and out_proj gemms; per shard under a mesh."""
         cfg = self.cfg
         b = x.shape[0]
         hv, dv, dk = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim

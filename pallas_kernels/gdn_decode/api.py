@@ -12,9 +12,8 @@ the Triton lowering for an abstract H200) and its GPU tests on the H200. Alone i
 bench/results/2026-12-04-h200-s39): with it XLA treats the engine's AR loop as one convertible WHILE, which its
 minimum graph size (5 thunks, the WHILE counted as one) had left out of any CUDA graph; with that minimum set to 1
 on the loop's compile (jaxspec/engine.py, LOOP_GRAPH_OPTIONS) the AR loop went 13.54 -> 13.30 ms a round at 1K,
-real shape, in one lease. "reference"
-leaves the model on its general path (`GatedDeltaNet.__call__` for any tree), of which reference.py is the
-one-node case.
+real shape, in one lease. "reference" leaves the model on its general path (`GatedDeltaNet.__call__` for any
+tree), of which reference.py is the one-node case.
 """
 
 from __future__ import annotations
