@@ -146,13 +146,14 @@ LOOP_GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla
 
 
 def loop_compiler_options(spec: Speculator) -> dict:
-    """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `ar` (default: WHILE / CONDITIONAL
-    command buffers for the AR loop alone), `none` or `all`. Only a GPU compile reads them. Timed in one lease on the
-    H200 at 1K context, real 27B shape: the AR loop 15.51 -> 14.95 ms a round (15.34 -> 14.38 with calls queued)
-    with `ar` against `none` (bench/results/2026-12-03-h200-s31/loop-graphs/). Set for the whole process, the same
-    option made the DFlash / DDTree(64) loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/),
-    hence not `all`."""
-    mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "ar"
+    """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `all` (default: every method's loop
+    compiles with WHILE / CONDITIONAL command buffers), `ar` (the AR loop alone) or `none`. Only a GPU compile reads
+    them. Timed on the H200 at 1K context, real 27B shape: the AR loop 15.51 -> 14.95 ms a round with `ar` against
+    `none` (bench/results/2026-12-03-h200-s31/loop-graphs/); in one lease, 10 rounds a call, the DFlash round
+    18.15 -> 17.96 ms and DDTree(63) 23.16 -> 22.83 ms with `all` against `ar` (17.49 / 22.38 with calls queued,
+    bench/results/2026-12-04-h200-s40/loops/). At XLA's default minimum graph size (5, before session 39) `all` had
+    made those two loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/)."""
+    mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "all"
     if mode not in ("none", "ar", "all"):
         raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))

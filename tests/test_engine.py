@@ -14,6 +14,7 @@ from jaxspec.engine import Engine, accept
 from jaxspec import tree as trees
 from jaxspec.sampling import Sampling, choose, log_probs
 from kernel_tests import on_gpu
+from oracle import OracleChain, reference
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +107,17 @@ def test_loop_graphs_flag(tiny, monkeypatch):
     graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1}
     spec = object.__new__(DFlash)
     monkeypatch.delenv("JAXSPEC_LOOP_GRAPHS", raising=False)
-    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}   # the default is `ar`
+    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == graphs   # the default: `all`
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "ar")
+    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
     assert loop_compiler_options(AR()) == {} and loop_compiler_options(spec) == {}
-    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "all")
-    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == graphs
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "while")
     with pytest.raises(ValueError, match="JAXSPEC_LOOP_GRAPHS='while'"):
         loop_compiler_options(AR())
     _, model = tiny
     prompts = _prompts()[:2]
-    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "ar")
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "all")
     with_graphs = Engine(model).generate(prompts, 8).tokens
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
     assert with_graphs == Engine(model).generate(prompts, 8).tokens
@@ -125,16 +126,24 @@ def test_loop_graphs_flag(tiny, monkeypatch):
 @on_gpu
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_loop_graphs_on_gpu_decode_the_same_tokens(tiny, monkeypatch, temperature):
-    """On a GPU, where XLA does build the WHILE / CONDITIONAL command buffers (`ar`, the default), the AR loop decodes
-    exactly what it decodes without them (`none`), greedy and seeded sampling, over calls of several rounds each
+    """On a GPU, where XLA does build the WHILE / CONDITIONAL command buffers (`all`, the default), the AR loop and
+    a speculative loop (an oracle chain drafter, so that rounds accept several tokens) decode exactly what they
+    decode without them (`none`), greedy and seeded sampling, over calls of several rounds each
     (`JAX_PLATFORMS=cuda python -m pytest tests/test_engine.py -m gpu`)."""
     _, model = tiny
+    prompts, n_new, block = _prompts(), 24, 4
     sampling = Sampling(temperature=temperature, top_k=20) if temperature else Sampling()
     out = {}
-    for mode in ("ar", "none"):
+    for mode in ("none", "all"):
         monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", mode)
-        out[mode] = Engine(model, sampling=sampling).generate(_prompts(), 24, seed=3, rounds_per_call=5).tokens
-    assert out["ar"] == out["none"] and all(len(t) == 24 for t in out["ar"])
+        ar = Engine(model, sampling=sampling).generate(prompts, n_new, seed=3, rounds_per_call=5)
+        ref = None if temperature else reference(prompts, out["none"][0] if out else ar.tokens, block)
+        chain = Engine(model, OracleChain(block, 512, ref=ref), sampling=sampling)
+        spec = chain.generate(prompts, n_new, seed=3, rounds_per_call=5)
+        out[mode] = ar.tokens, spec.tokens, spec.hist
+    assert out["all"][:2] == out["none"][:2] and all(len(t) == n_new for t in out["all"][0] + out["all"][1])
+    if not temperature:     # greedy: lossless against AR, with rounds that emitted 3 or more tokens
+        assert out["all"][1] == out["all"][0] and (np.asarray(out["all"][2])[3:] > 0).any(), out["all"][2]
 
 
 def test_sampling_is_seeded_and_valid(tiny):
