@@ -160,6 +160,10 @@ def loop_compiler_options(spec: Speculator) -> dict:
     return LOOP_GRAPH_OPTIONS if on else {}
 
 
+# The default cache length is rounded up to a multiple of this: the compiled prefill and round loop depend on it.
+MAX_LEN_STEP = 256
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Decoding:
@@ -336,11 +340,12 @@ class Engine:
                  seed: int = 0, rounds_per_call: int = 1 << 30,
                  on_tokens: Callable[[list[list[int]]], None] | None = None) -> Result:
         """Generate up to `max_new_tokens` per prompt; `on_tokens` receives the new tokens of each
-        sequence after every segment of `rounds_per_call` rounds."""
+        sequence after every segment of `rounds_per_call` rounds. `max_len` (the cache's slots) defaults to what
+        the call needs rounded up to a multiple of MAX_LEN_STEP, so prompts of nearby lengths share one compile."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         need = max(len(p) for p in prompts) + max_new_tokens + self.spec.tree_size
-        max_len = max_len or need
+        max_len = max_len or -(-need // MAX_LEN_STEP) * MAX_LEN_STEP
         if need > max_len:
             raise ValueError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens ({max_new_tokens}) "
                              f"+ tree ({self.spec.tree_size}) exceeds the context of {max_len} tokens")

@@ -146,6 +146,23 @@ def test_loop_graphs_on_gpu_decode_the_same_tokens(tiny, monkeypatch, temperatur
         assert out["all"][1] == out["all"][0] and (np.asarray(out["all"][2])[3:] > 0).any(), out["all"][2]
 
 
+def test_default_max_len_shares_one_compile(tiny):
+    """Without max_len, prompts of different lengths within one MAX_LEN_STEP get the same cache length, so the
+    round loop compiles once; a prompt past that step gets the next one, and the tokens are those of an exact
+    max_len."""
+    from jaxspec.engine import MAX_LEN_STEP
+    _, model = tiny
+    engine = Engine(model)
+    short, longer = _prompts()[0], _prompts()[2]                    # 5 and 80 tokens
+    first = engine.generate([short], 6)
+    assert first.final.state.max_len == MAX_LEN_STEP and engine._run._cache_size() == 1
+    second = engine.generate([longer], 6)
+    assert second.final.state.max_len == MAX_LEN_STEP and engine._run._cache_size() == 1
+    assert second.tokens == Engine(model).generate([longer], 6, max_len=80 + 6 + 1).tokens
+    third = engine.generate([longer], MAX_LEN_STEP)
+    assert third.final.state.max_len == 2 * MAX_LEN_STEP
+
+
 def test_sampling_is_seeded_and_valid(tiny):
     _, model = tiny
     engine = Engine(model, sampling=Sampling(temperature=1.0, top_k=20, top_p=0.9))
