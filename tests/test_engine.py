@@ -148,8 +148,8 @@ def test_loop_graphs_on_gpu_decode_the_same_tokens(tiny, monkeypatch, temperatur
 
 def test_default_max_len_shares_one_compile(tiny):
     """Without max_len, prompts of different lengths within one MAX_LEN_STEP get the same cache length, so the
-    round loop compiles once; a prompt past that step gets the next one, and the tokens are those of an exact
-    max_len."""
+    round loop compiles once, with the tokens of an exact max_len; a call that needs more than one step gets the
+    next multiple."""
     from jaxspec.engine import MAX_LEN_STEP
     _, model = tiny
     engine = Engine(model)
