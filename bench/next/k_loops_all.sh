@@ -1,5 +1,6 @@
 #!/bin/bash
-# #6 (nvidia-h200, one call, ~4 min): the DFlash / DDTree(63) round loops compiled as CUDA graphs.
+# #6 (nvidia-h200, one call, ~4 min): the DFlash / DDTree(63) round loops compiled as CUDA graphs. Ran in session 40
+# (bench/results/2026-12-04-h200-s40/loops/): `all` won, and is the default since 30932de; the text below is as it ran.
 # Session 39 (bench/results/2026-12-04-h200-s39/): the AR loop became one CUDA graph once its compile set XLA's
 # minimum command-buffer size to 1 (the WHILE counts as one thunk against it): 13.54 -> 13.30 ms a round. Sessions
 # 23 / 31 found WHILE / CONDITIONAL command buffers on the DFlash / DDTree(64) loops slower (+1.4 / +1.1 ms), at
