@@ -160,8 +160,12 @@ def loop_compiler_options(spec: Speculator) -> dict:
     return LOOP_GRAPH_OPTIONS if on else {}
 
 
-# The default cache length is rounded up to a multiple of this: the compiled prefill and round loop depend on it.
-MAX_LEN_STEP = 256
+def default_max_len(need: int) -> int:
+    """The cache length for a call that needs `need` slots: rounded up to one of 8 lengths per power of two (at
+    least a multiple of 16), so calls of nearby lengths share one compile of the prefill and round loop, and at
+    most 1/8 more slots are allocated (the jnp attention reads every slot)."""
+    step = 1 << max(4, need.bit_length() - 4)
+    return -(-need // step) * step
 
 
 @jax.tree_util.register_dataclass
@@ -341,11 +345,11 @@ class Engine:
                  on_tokens: Callable[[list[list[int]]], None] | None = None) -> Result:
         """Generate up to `max_new_tokens` per prompt; `on_tokens` receives the new tokens of each
         sequence after every segment of `rounds_per_call` rounds. `max_len` (the cache's slots) defaults to what
-        the call needs rounded up to a multiple of MAX_LEN_STEP, so prompts of nearby lengths share one compile."""
+        the call needs, rounded up (`default_max_len`) so that prompts of nearby lengths share one compile."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         need = max(len(p) for p in prompts) + max_new_tokens + self.spec.tree_size
-        max_len = max_len or -(-need // MAX_LEN_STEP) * MAX_LEN_STEP
+        max_len = max_len or default_max_len(need)
         if need > max_len:
             raise ValueError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens ({max_new_tokens}) "
                              f"+ tree ({self.spec.tree_size}) exceeds the context of {max_len} tokens")

@@ -95,8 +95,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"MTP: tokens the checkpoint's own MTP head drafts per round (default: {MTP_TOKENS})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
-                   help="context length to allocate (default: prompt + max-new-tokens + tree size, rounded up to a "
-                        "multiple of 256)")
+                   help="context length to allocate (default: prompt + max-new-tokens + tree size, rounded up to at "
+                        "most 1/8 more)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")

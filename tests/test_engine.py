@@ -147,20 +147,20 @@ def test_loop_graphs_on_gpu_decode_the_same_tokens(tiny, monkeypatch, temperatur
 
 
 def test_default_max_len_shares_one_compile(tiny):
-    """Without max_len, prompts of different lengths within one MAX_LEN_STEP get the same cache length, so the
-    round loop compiles once, with the tokens of an exact max_len; a call that needs more than one step gets the
-    next multiple."""
-    from jaxspec.engine import MAX_LEN_STEP
+    """Without max_len, prompts of nearby lengths get the same cache length (at most 1/8 more than they need), so
+    the round loop compiles once, with the tokens of an exact max_len."""
+    from jaxspec.engine import default_max_len
+    assert [default_max_len(n) for n in (1, 16, 17, 82, 87, 1000, 1025, 131073)] == \
+        [16, 16, 32, 96, 96, 1024, 1152, 147456]
+    assert all(n <= default_max_len(n) <= max(n + 15, n * 9 // 8) for n in range(1, 5000))
     _, model = tiny
     engine = Engine(model)
-    short, longer = _prompts()[0], _prompts()[2]                    # 5 and 80 tokens
-    first = engine.generate([short], 6)
-    assert first.final.state.max_len == MAX_LEN_STEP and engine._run._cache_size() == 1
-    second = engine.generate([longer], 6)
-    assert second.final.state.max_len == MAX_LEN_STEP and engine._run._cache_size() == 1
+    longer = _prompts()[2]                                           # 80 tokens
+    first = engine.generate([longer[:75]], 6)                        # needs 75 + 6 + 1 = 82 slots
+    assert first.final.state.max_len == 96 and engine._run._cache_size() == 1
+    second = engine.generate([longer], 6)                            # needs 87
+    assert second.final.state.max_len == 96 and engine._run._cache_size() == 1
     assert second.tokens == Engine(model).generate([longer], 6, max_len=80 + 6 + 1).tokens
-    third = engine.generate([longer], MAX_LEN_STEP)
-    assert third.final.state.max_len == 2 * MAX_LEN_STEP
 
 
 def test_sampling_is_seeded_and_valid(tiny):
