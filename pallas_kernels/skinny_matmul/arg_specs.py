@@ -13,6 +13,12 @@ REAL = {
     "attn.q_proj": (5120, 12288, 16), "attn.k_proj": (5120, 1024, 16), "attn.v_proj": (5120, 1024, 16),
     "attn.o_proj": (6144, 5120, 16),
 }
+# The products the model runs since the projections were fused (jaxspec/model.py FUSED, session 37): one per layer
+# input. gdn.in_proj's N (qkv | z | b | a = 16480) is not a multiple of 64: XLA's dot takes it.
+FUSED = {
+    "mlp.gate_up_proj": (5120, 2 * 17408, 64), "attn.qkv_proj": (5120, 12288 + 2 * 1024, 16),
+    "gdn.in_proj": (5120, 10240 + 6144 + 2 * 48, 48),
+}
 ROWS = (16, 65)     # a DFlash block; a DDTree(64) tree with its root
 
 

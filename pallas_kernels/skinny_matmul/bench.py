@@ -21,18 +21,33 @@ import jax
 import jax.numpy as jnp
 
 from bench.harness import time_kernel, write_results
-from pallas_kernels.skinny_matmul import arg_specs, pallas_mosaic, pallas_triton, reference
+from pallas_kernels.skinny_matmul import arg_specs, pallas_mosaic, pallas_triton, reference, tiling
 
 SWEEP_TILES = ((64, 128), (128, 64), (128, 128), (256, 64), (128, 256))
 
 
-def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool):
+def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool, wave: bool = False):
     impls = {"xla": reference.matmul}
     if not on_gpu:
         return impls
     impls["pallas_triton"] = pallas_triton.matmul
     impls["pallas_mosaic"] = pallas_mosaic.matmul
     impls["pallas_mosaic/t"] = functools.partial(pallas_mosaic.matmul, transposed=True)
+    if wave:
+        # Mosaic GPU tiles whose blocks all fit on the GPU at once (tiling.resident_blocks): per column block width
+        # and pipeline depth, the most K slices that keep one wave. The default tiles aim at two blocks per SM and
+        # overshoot it (272 / 320 / 448 blocks where 264 fit at 16 rows): a second, nearly empty wave.
+        for bn in (64, 128, 256):
+            for steps in (2, 3, 4, 6, 8):
+                for tr in (True,):          # the form that moves the fewest x bytes (rows padded to 16)
+                    smem = pallas_mosaic.smem_bytes(m, bn, 64, steps, transposed=tr)
+                    if n % bn or smem > pallas_mosaic.SMEM_BYTES:
+                        continue
+                    fit = [s for s in (1, 2, 4, 8, 16, 32)
+                           if k % (64 * s) == 0 and n // bn * s <= tiling.resident_blocks(smem)]
+                    if fit:
+                        impls[f"pallas_mosaic/n{bn}/s{fit[-1]}/st{steps}{'/t' if tr else ''}"] = functools.partial(
+                            pallas_mosaic.matmul, block_n=bn, split_k=fit[-1], steps=steps, transposed=tr)
     if sweep:
         # Mosaic GPU: each column block width at 4 steps; then, at 128 columns, 2 and 6 steps and half / twice
         # the K slices; each in both forms of the product.
@@ -75,30 +90,33 @@ def stacked(fn, layers):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default=",".join(map(str, arg_specs.ROWS)))
-    p.add_argument("--shapes", default=",".join(arg_specs.REAL), help="names from arg_specs.REAL")
+    p.add_argument("--shapes", default=",".join(arg_specs.REAL),
+                   help="names from arg_specs.REAL and arg_specs.FUSED (the model's fused products)")
     p.add_argument("--layers", type=int, default=8, help="distinct weights per timed call")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--wave", action="store_true", help="add the Mosaic GPU tiles whose blocks fit in one wave")
     p.add_argument("--impls", default="", help="keep only implementations whose name starts with one of these "
                    "comma-separated prefixes (e.g. xla,pallas_mosaic); default: all")
     p.add_argument("--json")
     a = p.parse_args(argv)
     names = a.shapes.split(",")
-    unknown = [s for s in names if s not in arg_specs.REAL]
+    shapes = {**arg_specs.REAL, **arg_specs.FUSED}
+    unknown = [s for s in names if s not in shapes]
     if unknown:
-        p.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(arg_specs.REAL)}")
+        p.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(shapes)}")
     on_gpu = jax.default_backend() == "gpu"
     rows = []
     print(f"{jax.devices()[0].device_kind}; bf16, per product, median of {a.iters} calls of {a.layers} products")
     for name in names:
-        k, n, _ = arg_specs.REAL[name]
+        k, n, _ = shapes[name]
         ws = jnp.stack([arg_specs.make_inputs(i + 1, 1, k, n, jnp.bfloat16)[1] for i in range(a.layers)])
         gb = k * n * 2 / 1e9
         for m in map(int, a.rows.split(",")):
             x = arg_specs.make_inputs(0, m, k, n, jnp.bfloat16)[0]
             ref = None
             keep = tuple(x for x in a.impls.split(",") if x)
-            for impl, fn in implementations(m, k, n, a.sweep, on_gpu).items():
+            for impl, fn in implementations(m, k, n, a.sweep, on_gpu, a.wave).items():
                 if keep and not impl.startswith(keep):
                     continue
                 run = stacked(fn, a.layers)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 NUM_SMS = 132          # H200
 SMEM_BYTES = 232448    # H200 shared memory a block may take (what Triton's launch reported as available)
+SM_SMEM_BYTES = 233472  # H200 shared memory of one SM (228 KiB), shared by the blocks resident on it
+BLOCK_RESERVED = 1024   # shared memory the runtime keeps per resident block
 MAX_ROWS = 128
 BLOCK = 64             # K and N must be multiples of this (the smallest tile side)
 
@@ -16,3 +18,8 @@ def default_split_k(column_blocks: int, k: int, block_k: int) -> int:
     while column_blocks * split_k < 2 * NUM_SMS and k % (block_k * split_k * 2) == 0:
         split_k *= 2
     return split_k
+
+
+def resident_blocks(smem: int) -> int:
+    """Blocks of `smem` bytes of shared memory each that the whole GPU holds at once (one wave)."""
+    return NUM_SMS * (SM_SMEM_BYTES // (smem + BLOCK_RESERVED))
