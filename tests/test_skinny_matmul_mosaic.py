@@ -19,7 +19,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernel_tests import on_gpu
-from pallas_kernels.skinny_matmul import api, arg_specs, pallas_mosaic, reference
+from pallas_kernels.skinny_matmul import api, arg_specs, pallas_mosaic, reference, tiling
 
 BOUND = 1e-2
 
@@ -40,7 +40,7 @@ def fp32_reference(x, w):
     (2, 256, 128, dict(split_k=1)), (16, 512, 384, {}), (17, 256, 192, dict(block_n=64, split_k=2)),
     (64, 384, 128, dict(split_k=1, steps=2)), (65, 512, 256, dict(split_k=2)), (128, 256, 128, dict(split_k=1))])
 def test_kernel_matches_reference(seed, m, k, n, tiles, dtype, transposed):
-    block_n, block_k, split_k = pallas_mosaic.tiles(m, k, n, **tiles, transposed=transposed)
+    block_n, block_k, split_k, _ = pallas_mosaic.tiles(m, k, n, **tiles, transposed=transposed)
     assert k // split_k // block_k >= 2 or n // block_n >= 2          # several steps, or several column blocks
     x, w = arg_specs.make_inputs(seed, m, k, n, jnp.dtype(dtype))
     out = pallas_mosaic.matmul(x, w, interpret=True, transposed=transposed, **tiles)
@@ -50,21 +50,56 @@ def test_kernel_matches_reference(seed, m, k, n, tiles, dtype, transposed):
 
 
 def test_tiles():
-    assert pallas_mosaic.tiles(16, 5120, 17408) == (128, 64, 2)      # gate/up: 136 column blocks x 2
-    assert pallas_mosaic.tiles(65, 17408, 5120) == (128, 64, 8)      # down_proj: 40 x 8
-    assert pallas_mosaic.tiles(16, 192, 320) == (64, 64, 1)          # N not a multiple of 128
-    assert [pallas_mosaic.padded_rows(m) for m in (2, 64, 65, 128)] == [64, 64, 128, 128]
-    assert [pallas_mosaic.padded_rows(m, transposed=True) for m in (2, 16, 17, 65, 128)] == [16, 16, 32, 80, 128]
-    for name, (k, n, _) in arg_specs.REAL.items():
+    """The default tiles: one wave of one block per SM (session 41), the deepest pipeline up to 6 steps that
+    shared memory holds."""
+    assert pallas_mosaic.tiles(16, 17408, 5120) == (128, 64, 2, 6)   # down_proj: 40 column blocks x 2 = 80 <= 132
+    assert pallas_mosaic.tiles(16, 6144, 5120) == (128, 64, 2, 6)    # out_proj / o_proj
+    assert pallas_mosaic.tiles(64, 5120, 14336) == (128, 64, 1, 6)   # attention q|k|v: 112 column blocks
+    assert pallas_mosaic.tiles(16, 5120, 34816) == (128, 64, 1, 6)   # MLP gate|up: 272 blocks, no slices
+    assert pallas_mosaic.tiles(128, 5120, 1024) == (128, 64, 16, 5)  # 6 steps of 128 rows do not fit
+    assert pallas_mosaic.tiles(16, 192, 320) == (64, 64, 1, 6)       # N not a multiple of 128
+    assert pallas_mosaic.tiles(16, 17408, 5120, steps=3, transposed=False) == (128, 64, 2, 3)
+    assert [pallas_mosaic.padded_rows(m, transposed=False) for m in (2, 64, 65, 128)] == [64, 64, 128, 128]
+    assert [pallas_mosaic.padded_rows(m) for m in (2, 16, 17, 65, 128)] == [16, 16, 32, 80, 128]
+    for name, (k, n, _) in {**arg_specs.REAL, **arg_specs.FUSED}.items():
         for m in (16, 64, 65, 128):
             for transposed in (False, True):
-                bn, bk, split = pallas_mosaic.tiles(m, k, n, transposed=transposed)
+                if not pallas_mosaic.supports(m, k, n, jnp.bfloat16):
+                    assert n % 64, name                                     # only gdn.in_proj's 16480
+                    continue
+                bn, bk, split, steps = pallas_mosaic.tiles(m, k, n, transposed=transposed)
                 assert n % bn == 0 and k % (bk * split) == 0, name
-                assert pallas_mosaic.smem_bytes(m, bn, bk, 4, transposed=transposed) <= pallas_mosaic.SMEM_BYTES
+                assert n // bn * split <= tiling.NUM_SMS or split == 1, name   # one wave where slices are used
+                assert n // bn * split * 2 > tiling.NUM_SMS or k % (bk * split * 2), name   # and the most slices
+                assert pallas_mosaic.smem_bytes(m, bn, bk, steps, transposed=transposed) <= pallas_mosaic.SMEM_BYTES
     with pytest.raises(ValueError, match="shared memory"):
         pallas_mosaic.tiles(128, 5120, 1024, block_n=256, block_k=256, steps=4)
     with pytest.raises(ValueError, match="block_k \\* split_k"):
         pallas_mosaic.tiles(16, 192, 64, split_k=2)
+
+
+def test_auto_takes_the_narrow_products(seed, monkeypatch):
+    """JAXSPEC_SKINNY_MATMUL=auto (the GPU's default): the Mosaic GPU kernel for the products whose column blocks
+    fit the SMs, XLA's dot for wider ones and for what the kernel does not take; refused under differentiable()."""
+    from pallas_kernels import dispatch
+    calls = []
+    kernel = pallas_mosaic.matmul
+    monkeypatch.setattr(pallas_mosaic, "matmul", lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw))
+    assert pallas_mosaic.fits_one_wave(17408, 5120) and pallas_mosaic.fits_one_wave(5120, 14336)
+    assert not pallas_mosaic.fits_one_wave(5120, 34816)
+    for k, n, rows, want in ((128, 256, 16, [(128, 256)]), (64, 128 * 133, 16, []), (128, 256, 1, [])):
+        calls.clear()
+        x, w = arg_specs.make_inputs(seed, rows, k, n, jnp.bfloat16)
+        with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+            out = api.matmul(x, w, implementation="auto")
+        assert calls == want, (k, n, rows)
+        assert rel_err(out, fp32_reference(x, w)) < BOUND
+    monkeypatch.setenv(api.ENV_VAR, "auto")
+    assert api.resolve() == "auto"
+    with dispatch.differentiable():
+        assert api.resolve() == "reference"
+    monkeypatch.delenv(api.ENV_VAR)
+    assert api.resolve() == ("auto" if dispatch.on_gpu() else "reference")
 
 
 @pytest.mark.parametrize("m,k,n,dtype", [(1, 64, 64, "bfloat16"), (129, 64, 64, "bfloat16"),

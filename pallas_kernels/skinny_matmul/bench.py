@@ -53,9 +53,9 @@ def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool, wave: boo
         # the K slices; each in both forms of the product.
         picks = [(bn, 4, 1) for bn in (64, 128, 256)] + [(128, 2, 1), (128, 6, 1), (128, 4, 0.5), (128, 4, 2)]
         for bn, steps, split_x in picks:
-            if n % bn or pallas_mosaic.smem_bytes(m, bn, 64, steps) > pallas_mosaic.SMEM_BYTES:
+            if n % bn or pallas_mosaic.smem_bytes(m, bn, 64, steps, transposed=False) > pallas_mosaic.SMEM_BYTES:
                 continue
-            split = max(int(pallas_mosaic.tiles(m, k, n, bn, 64, None, steps)[2] * split_x), 1)
+            split = max(int(pallas_mosaic.tiles(m, k, n, bn, 64, None, steps, transposed=False)[2] * split_x), 1)
             if k % (64 * split):
                 continue
             for tr in (False, True):

@@ -17,10 +17,12 @@ split_k partials. The weights are read once; x, a few hundred KB at most, is rea
   memory), rows padded only to a multiple of 16: 16 rows move a quarter of the x tiles and hold a quarter
   of the accumulator; XLA transposes the [N, rows] result.
 
-Status: CPU-tested in Mosaic GPU's interpret mode (which simulates the TMA copies and the MMA); on an H200 its
-60 GPU tests pass, but at the default tiles it streams 2.0-2.7 TB/s at 64 / 65 rows where XLA streams 2.1-3.1
-(bench/results/2026-11-30-h200x4-mosaic-matmul), so it is opt-in (JAXSPEC_SKINNY_MATMUL=pallas_mosaic) and XLA
-stays the default. Its tile sweep (bench.py --sweep) has not been run.
+Tiles: one wave of one block per SM, 6 pipeline steps (`tiles`). Session 13 ran it at tiles aiming at two
+blocks per SM: 2.0-3.4 TB/s, below XLA (bench/results/2026-11-30-h200x4-mosaic-matmul). Those tiles made 272 /
+320 / 448 blocks where 264 fit at once: a second wave of a few blocks. Session 41's sweep of one-wave tiles
+(bench/results/2026-12-04-h200-s41/wave) beat XLA's dot where N is narrow (down_proj, out_proj / o_proj,
+attention q|k|v; 16 and 64 rows) and tied it on the 34816-wide MLP gate|up. So on a GPU the dispatch (api.py,
+"auto") gives the kernel the products whose column blocks fit the SMs.
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.skinny_matmul.tiling import BLOCK, MAX_ROWS, SMEM_BYTES, default_split_k
+from pallas_kernels.skinny_matmul.tiling import BLOCK, MAX_ROWS, NUM_SMS, SMEM_BYTES, one_wave_split_k
 
 DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def fits_one_wave(k: int, n: int) -> bool:
+    """Whether the product's 128-wide column blocks fit the SMs (N <= 128 x 132): the products where the
+    one-wave kernel beat XLA's dot on the H200 (module docstring); the wider ones tied it."""
+    return n // 128 <= NUM_SMS
 
 
 def supports(m: int, k: int, n: int, dtype) -> bool:
@@ -43,35 +51,44 @@ def supports(m: int, k: int, n: int, dtype) -> bool:
     return 2 <= m <= MAX_ROWS and k % BLOCK == 0 and n % BLOCK == 0 and jnp.dtype(dtype) in map(jnp.dtype, DTYPES)
 
 
-def padded_rows(m: int, transposed: bool = False) -> int:
+def padded_rows(m: int, transposed: bool = True) -> int:
     """x's rows as the kernel holds them: a multiple of 16 transposed, else 64 or 128."""
     return -(-m // 16) * 16 if transposed else (64 if m <= 64 else 128)
 
 
-def smem_bytes(m: int, block_n: int, block_k: int, steps: int, itemsize: int = 2, transposed: bool = False) -> int:
+def smem_bytes(m: int, block_n: int, block_k: int, steps: int, itemsize: int = 2, transposed: bool = True) -> int:
     """Shared memory of one block: `steps` buffers of the x and w tiles, and the fp32 output tile."""
     rows = padded_rows(m, transposed)
     return steps * (rows * block_k + block_k * block_n) * itemsize + rows * block_n * 4
 
 
+DEEPEST = 6     # pipeline steps the default tiles aim at (bench/results/2026-12-04-h200-s41/wave)
+
+
 def tiles(m: int, k: int, n: int, block_n: int | None = None, block_k: int | None = None,
-          split_k: int | None = None, steps: int = 4, transposed: bool = False) -> tuple[int, int, int]:
-    """(block_n, block_k, split_k): the given ones, else 128-wide column blocks (64 when N is not a multiple of
-    128), 64-deep K tiles, and K slices (each a whole number of tiles) until there are about two blocks per SM."""
+          split_k: int | None = None, steps: int | None = None, transposed: bool = True) -> tuple[int, int, int, int]:
+    """(block_n, block_k, split_k, steps): the given ones, else one wave of one block per SM: 128-wide column
+    blocks (64 when N is not a multiple of 128), 64-deep K tiles, the deepest pipeline up to DEEPEST steps that
+    shared memory holds, and the most K slices that keep the blocks within the SMs (tiling.one_wave_split_k).
+    Session 41 measured why: tiles aiming at two blocks per SM left a second, nearly empty wave (272 / 320 / 448
+    blocks where 264 fit) and streamed 2.7-3.6 TB/s at 16 rows; one wave streamed 3.1-4.0."""
     block_n = block_n or (128 if n % 128 == 0 else 64)
     block_k = block_k or 64
     if n % block_n or k % block_k or block_n % BLOCK or block_k % BLOCK:
         raise ValueError(f"skinny matmul (mosaic): K={k}, N={n} must be multiples of block_k={block_k} and "
                          f"block_n={block_n}, themselves multiples of {BLOCK}")
+    if steps is None:
+        steps = next((s for s in range(DEEPEST, 2, -1)
+                      if smem_bytes(m, block_n, block_k, s, transposed=transposed) <= SMEM_BYTES), 2)
     need = smem_bytes(m, block_n, block_k, steps, transposed=transposed)
     if need > SMEM_BYTES:
         raise ValueError(f"skinny matmul (mosaic): block_n={block_n}, block_k={block_k} x {steps} steps at {m} rows "
                          f"need {need} bytes of shared memory, more than the {SMEM_BYTES} a block has")
     if split_k is None:
-        split_k = default_split_k(n // block_n, k, block_k)
+        split_k = one_wave_split_k(n // block_n, k, block_k)
     if k % (block_k * split_k):
         raise ValueError(f"skinny matmul (mosaic): K={k} is not a multiple of block_k * split_k = {block_k * split_k}")
-    return block_n, block_k, split_k
+    return block_n, block_k, split_k, steps
 
 
 def _swizzled(minor: int, dtype) -> tuple:
@@ -111,16 +128,17 @@ def _kernel(x_gmem, w_gmem, o_gmem, o_smem, *, block_n, block_k, k_steps, steps,
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_n", "block_k", "split_k", "steps", "transposed"))
-def matmul(x, w, *, interpret=False, block_n=None, block_k=None, split_k=None, steps=4, transposed=False):
+def matmul(x, w, *, interpret=False, block_n=None, block_k=None, split_k=None, steps=None, transposed=True):
     """Same contract as reference.matmul: x [M, K], w [K, N] of one 16-bit float dtype (2 <= M <= 128; K, N
     multiples of 64) -> [M, N] in x's dtype, products summed in fp32. Tiles: see `tiles`; `transposed`: which
-    form of the product (module docstring). interpret: run under Mosaic GPU's interpreter (a CPU test)."""
+    form of the product (module docstring; the transposed one streamed faster at 16 rows and as fast at 64).
+    interpret: run under Mosaic GPU's interpreter (a CPU test)."""
     m, k = x.shape
     n = w.shape[1]
     if not supports(m, k, n, w.dtype) or x.dtype != w.dtype:
         raise ValueError(f"skinny matmul kernel (mosaic) takes 2..{MAX_ROWS} rows, K and N multiples of {BLOCK}, "
                          f"x and w of one dtype among bfloat16, float16; got x {x.shape} {x.dtype}, w {w.shape} {w.dtype}")
-    block_n, block_k, split_k = tiles(m, k, n, block_n, block_k, split_k, steps, transposed)
+    block_n, block_k, split_k, steps = tiles(m, k, n, block_n, block_k, split_k, steps, transposed)
     rows = padded_rows(m, transposed)
     xp = jnp.pad(x, ((0, rows - m), (0, 0)))
     out_tile = (block_n, rows) if transposed else (rows, block_n)

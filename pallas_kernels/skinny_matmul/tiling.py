@@ -20,6 +20,15 @@ def default_split_k(column_blocks: int, k: int, block_k: int) -> int:
     return split_k
 
 
+def one_wave_split_k(column_blocks: int, k: int, block_k: int) -> int:
+    """K slices, doubling while each stays a whole number of block_k tiles and the column blocks times the slices
+    stay within one block per SM: one wave of blocks that all end together (the Mosaic GPU kernel's default)."""
+    split_k = 1
+    while column_blocks * split_k * 2 <= NUM_SMS and k % (block_k * split_k * 2) == 0:
+        split_k *= 2
+    return split_k
+
+
 def resident_blocks(smem: int) -> int:
     """Blocks of `smem` bytes of shared memory each that the whole GPU holds at once (one wave)."""
     return NUM_SMS * (SM_SMEM_BYTES // (smem + BLOCK_RESERVED))
