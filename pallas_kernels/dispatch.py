@@ -38,7 +38,7 @@ def resolve(env_var: str, implementations: tuple[str, ...], default: str, implem
     if implementation:
         return implementation
     name = name or default
-    if _DIFFERENTIABLE.get() and (name.startswith("pallas") or name == "auto"):   # "auto": a kernel where it applies
+    if _DIFFERENTIABLE.get() and name.startswith("pallas"):
         return jnp_default
     return name
 

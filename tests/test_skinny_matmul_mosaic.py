@@ -78,30 +78,6 @@ def test_tiles():
         pallas_mosaic.tiles(16, 192, 64, split_k=2)
 
 
-def test_auto_takes_the_narrow_products(seed, monkeypatch):
-    """JAXSPEC_SKINNY_MATMUL=auto (the GPU's default): the Mosaic GPU kernel for the products whose column blocks
-    fit the SMs, XLA's dot for wider ones and for what the kernel does not take; refused under differentiable()."""
-    from pallas_kernels import dispatch
-    calls = []
-    kernel = pallas_mosaic.matmul
-    monkeypatch.setattr(pallas_mosaic, "matmul", lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw))
-    assert pallas_mosaic.fits_one_wave(17408, 5120) and pallas_mosaic.fits_one_wave(5120, 14336)
-    assert not pallas_mosaic.fits_one_wave(5120, 34816)
-    for k, n, rows, want in ((128, 256, 16, [(128, 256)]), (64, 128 * 133, 16, []), (128, 256, 1, [])):
-        calls.clear()
-        x, w = arg_specs.make_inputs(seed, rows, k, n, jnp.bfloat16)
-        with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
-            out = api.matmul(x, w, implementation="auto")
-        assert calls == want, (k, n, rows)
-        assert rel_err(out, fp32_reference(x, w)) < BOUND
-    monkeypatch.setenv(api.ENV_VAR, "auto")
-    assert api.resolve() == "auto"
-    with dispatch.differentiable():
-        assert api.resolve() == "reference"
-    monkeypatch.delenv(api.ENV_VAR)
-    assert api.resolve() == ("auto" if dispatch.on_gpu() else "reference")
-
-
 @pytest.mark.parametrize("m,k,n,dtype", [(1, 64, 64, "bfloat16"), (129, 64, 64, "bfloat16"),
                                          (16, 100, 64, "bfloat16"), (16, 64, 96, "float16"),
                                          (16, 64, 64, "float32")])

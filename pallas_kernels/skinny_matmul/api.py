@@ -1,19 +1,18 @@
-"""The public projection y = x @ w of jaxspec's Linear layers: one contract (reference.matmul), four
+"""The public projection y = x @ w of jaxspec's Linear layers: one contract (reference.matmul), three
 implementations.
 
 | implementation     | what                                                                  | where by default |
 | ------------------ | --------------------------------------------------------------------- | ---------------- |
-| "reference"        | XLA's dot (reference.py)                                              | CPU              |
-| "auto"             | "pallas_mosaic" where N fits one wave (pallas_mosaic.fits_one_wave), else XLA's dot | GPU |
-| "pallas_mosaic"    | the weight-streaming kernel for bf16 / f16, 2..128 rows, in Mosaic GPU: TMA + warpgroup MMA (pallas_mosaic.py) | never (forced) |
-| "pallas_triton"    | the same in Triton (pallas_triton.py)                                 | never (opt-in)   |
-| "pallas_interpret" | the Triton kernel's body run by the CPU interpreter                   | never (tests)    |
+| "reference"        | XLA's dot (reference.py)                                              | everywhere       |
+| "pallas_triton"    | the weight-streaming kernel for 2..128 rows, Triton (pallas_triton.py) | never (opt-in)   |
+| "pallas_interpret" | that kernel's body run by the CPU interpreter                         | never (tests)    |
+| "pallas_mosaic"    | the same for bf16 / f16 in Mosaic GPU: TMA + warpgroup MMA (pallas_mosaic.py) | never (opt-in) |
 
-Chosen by JAXSPEC_SKINNY_MATMUL (read when the model is traced). Written after the 2026-11-30 H200
+Opt-in through JAXSPEC_SKINNY_MATMUL (read when the model is traced). Written after the 2026-11-30 H200
 profiles showed XLA streaming the verify's 16- and 65-row products slower than the AR step's one-row
-ones. The Triton kernel streams only 1.1-1.3 TB/s on the H200. The Mosaic GPU one with one-wave tiles
-beat XLA's dot on the narrow products (N <= 16896: down_proj, out_proj / o_proj, q|k|v) at 16 and 64 rows
-and tied it on the MLP's 34816-wide gate|up (bench/results/2026-12-04-h200-s41/wave): hence "auto".
+ones. The Triton kernel streamed only 1.1-1.3 TB/s on the H200 (XLA: 2.5-3.6). The Mosaic GPU one, with
+one-wave tiles, beat XLA's dot alone on the narrow products, but not inside the 27B model (its rounds were
+0.24-0.40 ms longer with it: bench/results/2026-12-04-h200-s41/); see pallas_mosaic.py.
 A kernel runs where it applies: 2..128 rows (all leading dims together), K and N multiples of 64, x and w
 of one dtype (Mosaic: 16-bit floats), and no multi-device mesh (under tensor parallelism the weights are
 split and the partitioner cannot split a kernel); everything else, the one-row decode step and the
@@ -30,12 +29,12 @@ from pallas_kernels import dispatch
 from pallas_kernels.skinny_matmul import pallas_mosaic, pallas_triton, reference
 
 ENV_VAR = "JAXSPEC_SKINNY_MATMUL"
-IMPLEMENTATIONS = ("auto", "pallas_triton", "reference", "pallas_interpret", "pallas_mosaic")
+IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret", "pallas_mosaic")
 
 
 def resolve(implementation: str | None = None) -> str:
-    """The implementation asked for (the kernel still runs only where `applies`): "auto" on a GPU, else XLA's."""
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "auto" if dispatch.on_gpu() else "reference", implementation)
+    """The implementation asked for (the kernel still runs only where `applies`)."""
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
 
 
 def applies(x_shape, w_shape, same_dtype: bool = True, implementation: str = "pallas_triton", dtype=None) -> bool:
@@ -51,8 +50,6 @@ def applies(x_shape, w_shape, same_dtype: bool = True, implementation: str = "pa
 def matmul(x, w, *, implementation: str | None = None):
     """x [..., K] @ w [K, N] -> [..., N] in x's dtype. See reference.matmul."""
     name = resolve(implementation)
-    if name == "auto":
-        name = "pallas_mosaic" if pallas_mosaic.fits_one_wave(*w.shape) else "reference"
     if name == "reference" or not applies(x.shape, w.shape, x.dtype == w.dtype, name, w.dtype):
         return reference.matmul(x, w)
     k, n = w.shape

@@ -20,9 +20,10 @@ split_k partials. The weights are read once; x, a few hundred KB at most, is rea
 Tiles: one wave of one block per SM, 6 pipeline steps (`tiles`). Session 13 ran it at tiles aiming at two
 blocks per SM: 2.0-3.4 TB/s, below XLA (bench/results/2026-11-30-h200x4-mosaic-matmul). Those tiles made 272 /
 320 / 448 blocks where 264 fit at once: a second wave of a few blocks. Session 41's sweep of one-wave tiles
-(bench/results/2026-12-04-h200-s41/wave) beat XLA's dot where N is narrow (down_proj, out_proj / o_proj,
-attention q|k|v; 16 and 64 rows) and tied it on the 34816-wide MLP gate|up. So on a GPU the dispatch (api.py,
-"auto") gives the kernel the products whose column blocks fit the SMs.
+(bench/results/2026-12-04-h200-s41/) streamed 3.1-4.0 TB/s at 16 rows and beat XLA's dot alone on the narrow
+products (down_proj, out_proj / o_proj, q|k|v; 16 and 64 rows), tying it on the 34816-wide MLP gate|up. Inside
+the 27B model it did not: given those products, verify(16) took 15.95 ms of kernels against XLA's 15.88 and the
+DFlash / DDTree(63) rounds 0.24-0.40 ms longer. So it stays opt-in (JAXSPEC_SKINNY_MATMUL=pallas_mosaic).
 """
 
 from __future__ import annotations
@@ -35,15 +36,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.skinny_matmul.tiling import BLOCK, MAX_ROWS, NUM_SMS, SMEM_BYTES, one_wave_split_k
+from pallas_kernels.skinny_matmul.tiling import BLOCK, MAX_ROWS, SMEM_BYTES, one_wave_split_k
 
 DTYPES = (jnp.bfloat16, jnp.float16)
-
-
-def fits_one_wave(k: int, n: int) -> bool:
-    """Whether the product's 128-wide column blocks fit the SMs (N <= 128 x 132): the products where the
-    one-wave kernel beat XLA's dot on the H200 (module docstring); the wider ones tied it."""
-    return n // 128 <= NUM_SMS
 
 
 def supports(m: int, k: int, n: int, dtype) -> bool:
