@@ -148,17 +148,11 @@ def main(argv=None):
     ap.add_argument("--trace-ar", action="store_true",
                     help="with the ar group: also profile the bare AR step and the engine's AR loop at the first "
                          "context and compare their kernels per step by part (phase 'ar_trace')")
-    ap.add_argument("--trace-verify", action="store_true",
-                    help="with dflash / ddtree (not --rounds-only): also profile each standalone verify at the first "
-                         "context, its kernels by part, gemms apart (phases 'verify_chain{B}_trace', "
-                         "'verify_tree{N}_trace'): what a verify adds to the AR step (--trace-ar's 'ar_step')")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
     groups = {g for g in args.phases.split(",") if g}
     if args.trace_ar and "ar" not in groups:
         ap.error("--trace-ar needs the ar group in --phases")
-    if args.trace_verify and (args.rounds_only or not groups & {"dflash", "ddtree"}):
-        ap.error("--trace-verify needs the dflash or ddtree group in --phases, without --rounds-only")
     if groups - {"ar", "dflash", "ddtree", "mtp"}:
         ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
                  "choose from ar,dflash,ddtree,mtp")
@@ -273,26 +267,6 @@ def main(argv=None):
                                                 for k in sorted(set(a["by_part_ms"]) | set(b["by_part_ms"]))}
         return out
 
-    def trace_verify(toks, tr, ctx):
-        """A standalone verify's kernels, `rounds` calls profiled (state threaded as the timing does), charged to
-        the model's parts (its HLO traced under named parts): per call kernel time, span, gaps, gemms apart."""
-        fn = lambda tp, toks, st, tr: nnx.merge(gd, tp)(toks, st, tr, taps=dcfg.target_layer_ids)  # noqa: E731
-        st = [H.random_state(cfg, 1, max_len, ctx)]
-        compiled, _ = H.compile_fn(fn, tp, toks, st[0], tr, donate=(2,))
-
-        def one_call():
-            lg, _, st[0], _ = compiled(tp, toks, st[0], tr)
-            return lg
-        jax.block_until_ready(one_call())
-        s = H.profile_steps(one_call, args.rounds, None, compiled.as_text(), None, "verify", top=40)
-        if "error" in s:
-            raise RuntimeError(f"--trace-verify: {s['error']}")
-        out = {k: s[k] for k in ("kernel_ms_per_step", "span_ms_per_step", "gap_ms_per_step", "kernels_per_step",
-                                 "gemm_ms_per_step", "gemm_gb_per_step", "gemm_tb_s", "other_kernels_ms_per_step")}
-        out["by_part"] = s["by_part"]
-        out["top_kernels"] = s["top_kernels"]
-        return out
-
     def measure(ctx, ph):
         """Every phase at one context; jitted functions and engines are made once (memo) and reused."""
         # AR step, back to back and inside the engine's device loop.
@@ -363,13 +337,6 @@ def main(argv=None):
                 ph[f"accept_commit_{name}"] = back_to_back(ac, (tp, st2, pend, tr, toks, lg), args.k, thread=(1, 0))
                 log(f"verify/accept_commit {name}: {ph[f'verify_{name}']} {ph[f'accept_commit_{name}']}")
                 save()
-                if args.trace_verify and ctx == contexts[0]:
-                    t = ph[f"verify_{name}_trace"] = trace_verify(toks, tr, ctx)
-                    log(f"verify_{name}_trace: kernels {t['kernel_ms_per_step']:.3f} ms ({t['kernels_per_step']:.0f}), "
-                        f"gemms {t['gemm_ms_per_step']:.3f} ms at {t['gemm_tb_s']:.2f} TB/s, other "
-                        f"{t['other_kernels_ms_per_step']:.3f}; by part " + ", ".join(
-                            f"{k} {v['ms_per_step']:.3f}" for k, v in t["by_part"].items()))
-                    save()
 
         if "dflash" in groups:
             chain_toks = jnp.concatenate([pending[:, None], jnp.argmax(logits, -1).astype(jnp.int32)], 1)

@@ -208,30 +208,6 @@ def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path):
         rounds.main(["--config", "tiny", "--phases", "dflash", "--trace-ar"])
 
 
-@pytest.mark.slow
-def test_rounds_trace_verify_breaks_each_verify_down_by_part(tmp_path):
-    """--trace-verify: the chain's and the tree's standalone verify profiled (on a CPU, the host's XLA thunks),
-    their kernel time split by part and into gemms / other kernels; refused with --rounds-only or without a
-    speculative group."""
-    from bench import rounds
-    out = tmp_path / "rounds.json"
-    rounds.main(["--config", "tiny", "--context", "32", "--phases", "dflash,ddtree", "--trace-verify", "--k", "1",
-                 "--rounds", "2", "--budgets", "3", "--round-budget", "3", "--out", str(out)])
-    ph = json.loads(out.read_text())["phases"]
-    traces = [k for k in ph if k.endswith("_trace")]
-    assert sorted(traces) == sorted(k + "_trace" for k in ph if k.startswith("verify_") and "trace" not in k)
-    assert len(traces) == 2, traces                                   # the chain and the one tree budget
-    for k in traces:
-        t = ph[k]
-        _positive(t, "kernel_ms_per_step", "span_ms_per_step", "kernels_per_step")
-        assert t["top_kernels"]
-        assert np.isclose(sum(p["ms_per_step"] for p in t["by_part"].values()), t["kernel_ms_per_step"])
-        assert np.isclose(t["gemm_ms_per_step"] + t["other_kernels_ms_per_step"], t["kernel_ms_per_step"])
-    for bad in (["--phases", "ar"], ["--phases", "dflash", "--rounds-only"]):
-        with pytest.raises(SystemExit):
-            rounds.main(["--config", "tiny", "--trace-verify", *bad])
-
-
 def test_device_time_of_a_multi_device_call_is_the_busiest_devices():
     """A tensor-parallel call runs on its GPUs at once: its device time is the busiest GPU's kernel time, not
     the sum over GPUs (which read 52 ms for an 11.5 ms TP = 4 verify); one device's is reported as before."""
