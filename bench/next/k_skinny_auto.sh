@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 41 (bench/results/2026-12-04-h200-s41/auto/): `auto` lost and was removed afterwards, so this
+# script is the record of what ran, not one to run again.
 # #6 (nvidia-h200, one call, ~9.5 min): the one-wave Mosaic GPU skinny matmul as the GPU default (session 41).
 # Session 41's sweep (bench/results/2026-12-04-h200-s41/wave): with one wave of one block per SM the kernel beat
 # XLA's dot on the narrow products (down_proj 3.65 -> 3.81 TB/s, out_proj 2.74 -> 3.06 at 16 rows; 3.13 -> 3.47 and

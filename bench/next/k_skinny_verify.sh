@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran in session 41 (bench/results/2026-12-04-h200-s41/verify/); needs `auto`, removed afterwards: a record only.
 # #6 (nvidia-h200, one call, ~7 min): why the one-wave Mosaic GPU matmul made the rounds slower inside the model
 # (session 41: DFlash 17.91 -> 18.30 ms, DDTree(63) 22.78 -> 23.02 with JAXSPEC_SKINNY_MATMUL=auto) when it streamed
 # the narrow products faster alone. The DFlash group without --rounds-only: the standalone verify(16)'s wall and
