@@ -146,20 +146,25 @@ def test_loop_graphs_on_gpu_decode_the_same_tokens(tiny, monkeypatch, temperatur
         assert out["all"][1] == out["all"][0] and (np.asarray(out["all"][2])[3:] > 0).any(), out["all"][2]
 
 
-def test_default_max_len_shares_one_compile(tiny):
+def test_default_max_len_shares_one_compile(tiny, monkeypatch):
     """Without max_len, prompts of nearby lengths get the same cache length (at most 1/8 more than they need), so
-    the round loop compiles once, with the tokens of an exact max_len."""
+    the round loop is traced (and compiled) once, with the tokens of an exact max_len."""
     from jaxspec.engine import default_max_len
     assert [default_max_len(n) for n in (1, 16, 17, 82, 87, 1000, 1025, 131073)] == \
         [16, 16, 32, 96, 96, 1024, 1152, 147456]
     assert all(n <= default_max_len(n) <= max(n + 15, n * 9 // 8) for n in range(1, 5000))
     _, model = tiny
+    traces = []
+    run_rounds = Engine._run_rounds                                  # its body runs once per trace of the loop
+    monkeypatch.setattr(Engine, "_run_rounds", lambda self, *a: traces.append(1) or run_rounds(self, *a))
     engine = Engine(model)
     longer = _prompts()[2]                                           # 80 tokens
     first = engine.generate([longer[:75]], 6)                        # needs 75 + 6 + 1 = 82 slots
-    assert first.final.state.max_len == 96 and engine._run._cache_size() == 1
+    assert first.final.state.max_len == 96 and len(traces) == 1
     second = engine.generate([longer], 6)                            # needs 87
-    assert second.final.state.max_len == 96 and engine._run._cache_size() == 1
+    assert second.final.state.max_len == 96 and len(traces) == 1
+    engine.generate([longer], 6, max_len=160)                        # another cache length: a new trace
+    assert len(traces) == 2
     assert second.tokens == Engine(model).generate([longer], 6, max_len=80 + 6 + 1).tokens
 
 
