@@ -37,17 +37,17 @@ def implementations(m: int, k: int, n: int, sweep: bool, on_gpu: bool, wave: boo
         # Mosaic GPU tiles whose blocks all fit on the GPU at once (tiling.resident_blocks): per column block width
         # and pipeline depth, the most K slices that keep one wave. The default tiles aim at two blocks per SM and
         # overshoot it (272 / 320 / 448 blocks where 264 fit at 16 rows): a second, nearly empty wave.
+        # The transposed form only: it moves the fewest x bytes (rows padded to 16).
         for bn in (64, 128, 256):
             for steps in (2, 3, 4, 6, 8):
-                for tr in (True,):          # the form that moves the fewest x bytes (rows padded to 16)
-                    smem = pallas_mosaic.smem_bytes(m, bn, 64, steps, transposed=tr)
-                    if n % bn or smem > pallas_mosaic.SMEM_BYTES:
-                        continue
-                    fit = [s for s in (1, 2, 4, 8, 16, 32)
-                           if k % (64 * s) == 0 and n // bn * s <= tiling.resident_blocks(smem)]
-                    if fit:
-                        impls[f"pallas_mosaic/n{bn}/s{fit[-1]}/st{steps}{'/t' if tr else ''}"] = functools.partial(
-                            pallas_mosaic.matmul, block_n=bn, split_k=fit[-1], steps=steps, transposed=tr)
+                smem = pallas_mosaic.smem_bytes(m, bn, 64, steps)
+                if n % bn or smem > pallas_mosaic.SMEM_BYTES:
+                    continue
+                fit = [s for s in (1, 2, 4, 8, 16, 32)
+                       if k % (64 * s) == 0 and n // bn * s <= tiling.resident_blocks(smem)]
+                if fit:
+                    impls[f"pallas_mosaic/n{bn}/s{fit[-1]}/st{steps}/t"] = functools.partial(
+                        pallas_mosaic.matmul, block_n=bn, split_k=fit[-1], steps=steps, transposed=True)
     if sweep:
         # Mosaic GPU: each column block width at 4 steps; then, at 128 columns, 2 and 6 steps and half / twice
         # the K slices; each in both forms of the product.
