@@ -285,12 +285,12 @@ class GatedDeltaNet(nnx.Module):
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...].astype(jnp.float32))
         # Channels in key-head-group order (convert/keys.py `gdn_channel_order`): per key head h, q_h, k_h,
         # then its value heads. So a tensor-parallel shard of whole groups holds all of its heads' channels.
-        rep = hv // hk  # value head h reads key head h // rep (repeat_interleave)
+        rep = hv // hk  # value head h reads key head h // rep (repeat_interleave; the delta rule maps it)
         qkv = self.conv(conv_in, history, tree).reshape(b, n, hk, 2 * dk + rep * dv)
         q = l2norm(qkv[..., :dk].astype(jnp.float32)) * dk ** -0.5
         k = l2norm(qkv[..., dk:2 * dk].astype(jnp.float32))
         v = qkv[..., 2 * dk:].reshape(b, n, hv, dv).astype(jnp.float32)
-        o, delta, G, s_mid = delta_rule(jnp.repeat(q, rep, 2), jnp.repeat(k, rep, 2), v, g, beta, tree, s0)
+        o, delta, G, s_mid = delta_rule(q, k, v, g, beta, tree, s0)
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
         return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)

@@ -189,14 +189,21 @@ def test_rounds_times_a_ddtree_round_at_each_round_budget(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path):
+@pytest.mark.parametrize("graphed", [False, True])
+def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path, monkeypatch, graphed):
     """--trace-ar: both AR forms profiled (on a CPU, the host's XLA thunks), per step / round, and their
-    difference by part; without the ar group it is refused."""
+    difference by part; a loop compiled to a CUDA graph (as on the GPU by default) is named as not traced, not
+    compared; without the ar group it is refused."""
     from bench import rounds
+    monkeypatch.setattr(rounds, "loop_is_graphed", lambda spec: graphed)
     out = tmp_path / "rounds.json"
     rounds.main(["--config", "tiny", "--context", "32", "--phases", "ar", "--trace-ar", "--k", "1", "--rounds", "2",
                  "--ar-rounds", "2", "--out", str(out)])
     tr = json.loads(out.read_text())["phases"]["ar_trace"]
+    if graphed:
+        assert "CUDA graph" in tr["ar_round_device_loop"]["not_traced"] and "loop_minus_step" not in tr
+        _positive(tr["ar_step"], "kernel_ms_per_step", "span_ms_per_step", "kernels_per_step")
+        return
     for form in ("ar_step", "ar_round_device_loop"):
         _positive(tr[form], "kernel_ms_per_step", "span_ms_per_step", "kernels_per_step")
         assert tr[form]["top_kernels"] and sum(tr[form]["by_part_ms"].values()) > 0

@@ -320,7 +320,8 @@ def test_embedding_lookup_reads_only_the_local_rows(target, tp, dp):
 @pytest.mark.parametrize("flag", ["JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_TREE_ATTENTION"])
 def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
     """With a Pallas kernel selected, the sharded forward traces the kernel on per-shard shapes (1 of the
-    2 sequences, a quarter of the heads) through shard_map, and matches."""
+    2 sequences, a quarter of the heads: of the query heads, or of the GDN's key heads) through shard_map,
+    and matches."""
     from pallas_kernels.tree_attention import pallas_triton as attention_kernel
     from pallas_kernels.tree_delta_rule import pallas_triton as delta_kernel
     monkeypatch.setenv(flag, "pallas_interpret")
@@ -341,7 +342,7 @@ def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
         hlo = f.lower(params, tokens, state, tr).as_text()
         got = f(params, tokens, state, tr)
     assert "sdy.manual_computation" in hlo or "shard_map" in hlo
-    heads = (target.cfg.num_heads if flag == "JAXSPEC_TREE_ATTENTION" else target.cfg.linear_num_value_heads) // 4
+    heads = (target.cfg.num_heads if flag == "JAXSPEC_TREE_ATTENTION" else target.cfg.linear_num_key_heads) // 4
     assert shapes and {(s[0], s[2]) for s in shapes} == {(1, heads)}, shapes
     monkeypatch.delenv(flag)
     ref = forward(target, tokens, tr, init_state(target.cfg, b, 32))

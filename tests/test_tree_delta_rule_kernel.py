@@ -43,16 +43,40 @@ def interpret(*args, **kw):
 # ---------------------------------------------------------------------------------------------- CPU
 
 SIZES = (1, 5, 16, 17, 64, 65)
-HEADS = [(1, 8, 8), (3, 16, 24), (2, 32, 32)]   # (value heads, Dk, Dv): padded to 16/32 inside
+# (value heads, key heads, Dk, Dv): padded to 16/32 inside; 6 over 2: each key head serves 3 value heads
+HEADS = [(1, 1, 8, 8), (3, 3, 16, 24), (2, 2, 32, 32), (6, 2, 16, 16)]
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("heads", HEADS, ids=lambda t: "h%d-dk%d-dv%d" % t)
+@pytest.mark.parametrize("heads", HEADS, ids=lambda t: "h%d-hk%d-dk%d-dv%d" % t)
 def test_kernel_matches_reference(seed, n, shape, heads):
-    h, dk, dv = heads
-    args, _ = make_inputs(seed, Spec(2, n, h, dk, dv, shape))
+    h, hk, dk, dv = heads
+    args, _ = make_inputs(seed, Spec(2, n, h, dk, dv, shape, key_heads=hk))
     assert_matches(interpret(*args), reference.tree_delta_rule(*args))
+
+
+@pytest.mark.parametrize("n,gram_inside", [(16, False), (40, True)])
+def test_kernel_gram_either_side(seed, n, gram_inside):
+    """The Gram tiles inside `_prepare` (the default for one tile) and ahead of it (the default for more)
+    give the same answer at any size, grouped heads included."""
+    args, _ = make_inputs(seed, Spec(2, n, 4, 16, 16, "tree", key_heads=2))
+    assert_matches(interpret(*args, gram_inside=gram_inside), reference.tree_delta_rule(*args))
+
+
+def test_grouped_heads_equal_repeated_heads(seed):
+    """Key heads serving several value heads are the same rule as the keys repeated per value head
+    (value head h reads key head h // rep), in every implementation; shapes that do not group are refused."""
+    args, parent = make_inputs(seed, Spec(2, 17, 6, 16, 16, "tree", key_heads=2))
+    q, k = args[:2]
+    repeated = (jnp.repeat(q, 3, 2), jnp.repeat(k, 3, 2)) + args[2:]
+    ref = reference.tree_delta_rule(*repeated)
+    o64, d64, _ = arg_specs.recurrence64(args, parent)
+    assert rel_err(ref[0], o64) < BOUND and rel_err(ref[1], d64) < BOUND
+    for fn in (reference.tree_delta_rule, xla.tree_delta_rule, interpret):
+        assert_matches(fn(*args), ref)
+    with pytest.raises(ValueError, match="dividing the value heads"):
+        reference.tree_delta_rule(q[:, :, :1].repeat(4, 2), k[:, :, :1].repeat(4, 2), *args[2:])
 
 
 @pytest.mark.parametrize("n", [17, 65])
@@ -197,13 +221,14 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
 def test_triton_lowering(n, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
-    two shapes, supported primitives, the dot precision. (Compiling it needs the GPU.)"""
+    two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five. (Compiling it
+    needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
     f32 = jnp.float32
-    b, h, dk, dv = 1, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV
+    b, h, hk, dk, dv = 1, arg_specs.REAL_HEADS, arg_specs.REAL_KEY_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV
     S = jax.ShapeDtypeStruct
-    shapes = (S((b, n, h, dk), f32), S((b, n, h, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
+    shapes = (S((b, n, hk, dk), f32), S((b, n, hk, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision))
@@ -223,10 +248,11 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert [r["impl"] for r in rows] == ["reference", "xla"]
     assert all(r["us_per_layer"] > 0 and 0 < r["device_us_per_layer"] < float("inf") for r in rows)
     assert rows[1]["rel_err_vs_reference"] < 1e-4
-    # bytes a layer moves: q, k, v (N x 48 x 128), g, beta, the ancestor mask and the fp32 state in; the outputs
-    # and the per-node update's factors out; over its device time, against the copy of the same run
+    # bytes a layer moves: q, k (N x 16 x 128), v (N x 48 x 128), g, beta, the ancestor mask and the fp32 state
+    # in; the outputs (o, delta, G) out; over its device time, against the copy of the same run
     state = arg_specs.REAL_HEADS * arg_specs.REAL_DK * arg_specs.REAL_DV * 4
-    small = 5 * arg_specs.REAL_HEADS * (5 * arg_specs.REAL_DK + 3) * 4 + 25            # N = 5
+    per_node = 2 * arg_specs.REAL_KEY_HEADS * arg_specs.REAL_DK + arg_specs.REAL_HEADS * (3 * arg_specs.REAL_DV + 3)
+    small = 5 * per_node * 4 + 25                                                       # N = 5
     assert all(r["bytes_per_layer"] == state + small for r in rows)
     assert all(r["frac_of_copy"] == pytest.approx(r["bytes_per_s"] / json.loads((tmp_path / "b.json").read_text())[
         "copy_bytes_per_s"]) for r in rows)
@@ -240,7 +266,7 @@ def test_bench_runs_and_writes_json(tmp_path):
 # Reference: reference.py on the same GPU in fp32 with HIGHEST-precision dots (no tf32) and cuBLAS
 # trsm. Bound 1e-4 on max |x - ref| / max |ref|, as on the CPU.
 
-REAL = dict(heads=arg_specs.REAL_HEADS, dk=arg_specs.REAL_DK, dv=arg_specs.REAL_DV)
+REAL = dict(heads=arg_specs.REAL_HEADS, dk=arg_specs.REAL_DK, dv=arg_specs.REAL_DV, key_heads=arg_specs.REAL_KEY_HEADS)
 
 
 @on_gpu

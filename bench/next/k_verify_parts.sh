@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 42 (bench/results/2026-12-04-h200-s42/parts/): a record of what ran. Its --trace-ar loop half is
+# meaningless with the loop as a CUDA graph; bench.rounds now says so instead of comparing.
 # #6 (nvidia-h200, one call, ~6 min): what a verify adds to the AR step, by part, at the current defaults; and where
 # the one-wave Mosaic GPU matmul's gain went inside the model (session 41).
 # Session 41 (bench/results/2026-12-04-h200-s41/): the Mosaic kernel beat XLA's dot alone on the narrow products by

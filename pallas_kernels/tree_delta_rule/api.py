@@ -42,7 +42,8 @@ def resolve(n: int, implementation: str | None = None) -> str:
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None):
     """One block of the gated delta rule on a tree (DESIGN.md section 2).
 
-    q, k: [B, N, H, Dk] (q scaled, both l2-normalised, expanded to value heads); v: [B, N, H, Dv];
+    q, k: [B, N, Hk, Dk] (q scaled, both l2-normalised), key head h // (H / Hk) serving value head h;
+    v: [B, N, H, Dv];
     g, beta: [B, N, H] log-decay and write strength; anc: [B, N, N] bool, anc[b, i, j] iff j is an
     ancestor-or-self of i (topological order); s0: [B, H, Dk, Dv] state entering the block.
     Returns o [B, N, H, Dv], delta [B, N, H, Dv], G [B, N, H], all fp32.

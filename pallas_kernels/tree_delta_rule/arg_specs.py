@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 REAL_HEADS, REAL_DK, REAL_DV = 48, 128, 128   # Qwen3.6-27B GDN: value heads, key and value head dims
+REAL_KEY_HEADS = 16                           # each serving 3 value heads
 VERIFY_SIZES = (1, 16, 65)                    # AR step, DFlash chain, DDTree(64) + root
 CHUNK_SIZE = 64                               # a prefill chunk (jaxspec/model.py CHUNK)
 
@@ -26,6 +27,7 @@ class Spec:
     shape: str = "tree"       # "chain" | "tree" | "ragged" (real nodes then inert padding, per sequence)
     correlated: bool = False  # nearly parallel keys, weak decay, strong writes: the ill-conditioned case
     log_decay: float | None = None  # a constant g instead of a random one (strong-decay tests)
+    key_heads: int | None = None    # q and k heads, each serving heads / key_heads value heads (default: heads)
 
 
 def parents(rng: np.random.Generator, spec: Spec) -> np.ndarray:
@@ -64,19 +66,20 @@ def make_inputs(seed: int, spec: Spec):
     """
     rng = np.random.default_rng(seed)
     b, n, h, dk, dv = spec.batch, spec.n, spec.heads, spec.dk, spec.dv
+    hk = spec.key_heads or h
     l2 = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
     if spec.correlated:
-        k = rng.standard_normal((b, 1, h, dk)) + 0.2 * rng.standard_normal((b, n, h, dk))
+        k = rng.standard_normal((b, 1, hk, dk)) + 0.2 * rng.standard_normal((b, n, hk, dk))
         g = -0.01 * np.abs(rng.standard_normal((b, n, h)))
         beta = 0.9 + 0.1 * rng.random((b, n, h))
     else:
-        k = rng.standard_normal((b, n, h, dk))
+        k = rng.standard_normal((b, n, hk, dk))
         g = -np.logaddexp(0.0, rng.standard_normal((b, n, h)))
         beta = 1 / (1 + np.exp(-rng.standard_normal((b, n, h))))
     if spec.log_decay is not None:
         g = np.full((b, n, h), spec.log_decay)
     k = l2(k)
-    q = l2(rng.standard_normal((b, n, h, dk))) * dk ** -0.5
+    q = l2(rng.standard_normal((b, n, hk, dk))) * dk ** -0.5
     v = rng.standard_normal((b, n, h, dv))
     s0 = 0.3 * rng.standard_normal((b, h, dk, dv))
     parent = parents(rng, spec)
@@ -94,6 +97,7 @@ def recurrence64(args, parent):
     k d^T, d = beta (v - S^T k), o = S^T q. Returns o, delta [B, N, H, Dv] and the states after each
     node [B, N, H, Dk, Dv]. (Independent of every implementation's algebra: the accuracy oracle.)"""
     q, k, v, g, beta, _, s0 = (np.asarray(x, np.float64) for x in args)
+    q, k = (np.repeat(x, v.shape[2] // x.shape[2], 2) for x in (q, k))
     b, n = parent.shape
     o, delta = np.zeros(v.shape), np.zeros(v.shape)
     states = np.zeros((b, n) + s0.shape[1:])

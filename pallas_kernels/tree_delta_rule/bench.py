@@ -1,4 +1,5 @@
-"""Time the tree delta rule's implementations at the real GDN shape (48 value heads, Dk = Dv = 128).
+"""Time the tree delta rule's implementations at the real GDN shape (48 value heads over 16 key heads,
+Dk = Dv = 128).
 
     JAX_PLATFORMS=cuda python -m pallas_kernels.tree_delta_rule.bench [--sweep] [--impls pallas_triton] [--json out.json]
 
@@ -68,11 +69,13 @@ def main(argv=None):
         impls = {k: v for k, v in impls.items() if k in want}
     copy_bw = copy_bandwidth(a.iters)
     rows = []
-    print(f"{jax.devices()[0].device_kind}; batch {a.batch}, {arg_specs.REAL_HEADS} heads, "
+    print(f"{jax.devices()[0].device_kind}; batch {a.batch}, {arg_specs.REAL_HEADS} value heads over "
+          f"{arg_specs.REAL_KEY_HEADS} key heads, "
           f"Dk = Dv = {arg_specs.REAL_DK}; per layer, median of {a.iters} calls of {a.layers} layers; "
           f"copy {copy_bw / 1e12:.2f} TB/s")
     for n in map(int, a.sizes.split(",")):
-        spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, "tree")
+        spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, "tree",
+                              key_heads=arg_specs.REAL_KEY_HEADS)
         args, _ = arg_specs.make_inputs(n, spec)
         ref = None
         for name, fn in impls.items():

@@ -11,12 +11,13 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
 
     Tb = (I + A)^-1 B      M = P Tb      Delta = Tb V - (Tb E K) S0      O = (E Q - M E K) S0 + M V
 
-* Ahead of the kernels, batched XLA products (fp32, full precision): the Gram matrices K K^T and Q K^T
-  per head, and G = anc g. In the kernel they cost a serial chain of K and Q loads and FMA dots: at the
-  real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a 25.6 ms verify(65),
-  bench/results/2026-11-30-h200-verify-profile).
+* The Gram matrices K K^T and Q K^T per key head: for blocks of more than one tile, batched XLA products
+  (fp32, full precision) ahead of the kernels. In the kernel they cost a serial chain of K and Q loads and
+  FMA dots: at the real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a
+  25.6 ms verify(65), bench/results/2026-11-30-h200-verify-profile). For a block of one tile (a DFlash
+  block of 16) they are one small dot each inside `_prepare_kernel`, which saves the products' launches.
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
-  nor V: the decayed, masked tiles and the solve. Tb is built tile by tile by block forward substitution, the
+  nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward substitution, the
   diagonal tiles by forward substitution over their rows. Substitution, not a power series:
   (I + A)^-1 = prod_m (I + A^(2^m)) loses everything to cancellation when keys are correlated and
   decays weak (relative error 4e8 at N = 64, measured against float64).
@@ -47,6 +48,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.tree_delta_rule import reference
 
 TILE = 16       # rows per tile: Triton's dot wants M, N, K >= 16
 MAX_N = 128     # _prepare unrolls (N/16)^2 / 2 tile pairs; larger trees go to the xla solver
@@ -94,21 +97,36 @@ def _unit_lower_inverse(a, rows_used):
     return inv
 
 
-def _prepare_kernel(kk_ref, qk_ref, G_ref, beta_ref, anc_ref, tb_ref, m_ref, *, n, precision):
+def _prepare_kernel(*refs, n, precision, gram_inside):
+    """Per (batch row, value head): G, then Tb and M tile by tile. With `gram_inside` (blocks of one tile:
+    a DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are read
+    from the products made ahead of the kernel."""
     dot = functools.partial(_dot, precision=precision)
+    if gram_inside:
+        q_ref, k_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
+        kk_at = lambda ri, rj: dot(k_ref[ri, :], k_ref[rj, :], trans_b=True)
+        qk_at = lambda ri, rj: dot(q_ref[ri, :], k_ref[rj, :], trans_b=True)
+    else:
+        kk_ref, qk_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
+        kk_at = lambda ri, rj: kk_ref[ri, rj]
+        qk_at = lambda ri, rj: qk_ref[ri, rj]
     r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
     c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
     rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
-    G = [G_ref[ri] for ri in rows]
+    # G = anc g (G_i sums the log-decays of i's ancestors-or-self): the mask is block lower-triangular.
+    G = []
+    for i, ri in enumerate(rows):
+        G.append(sum(jnp.sum(anc_ref[ri, rj] * g_ref[rj][None, :], axis=1) for rj in rows[:i + 1]))
+        G_ref[ri] = G[i]
     Tb = {}
     for i, ri in enumerate(rows):
         beta_i = beta_ref[ri]
         A, P = [], []
         for j, rj in enumerate(rows[:i + 1]):
             d_ij = _decay(G[i], G[j], anc_ref[ri, rj])
-            kk = kk_ref[ri, rj]
+            kk = kk_at(ri, rj)
             A.append(beta_i[:, None] * (d_ij * (jnp.where(r > c, kk, 0.0) if j == i else kk)))
-            P.append(d_ij * qk_ref[ri, rj])
+            P.append(d_ij * qk_at(ri, rj))
         # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
         inv_ii = _unit_lower_inverse(A[i], min(TILE, n - i * TILE))
         for j, rj in enumerate(rows[:i]):
@@ -158,26 +176,31 @@ def _pow2_at_least_16(d):
     return max(16, pl.next_power_of_2(d))
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision"))
+@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
+                                             "gram_inside"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee"):
-    """Same contract as reference.tree_delta_rule; fp32 throughout.
+                    precision="ieee", gram_inside=None):
+    """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
+    heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
     interpret: run the kernel bodies on the CPU (tests). block_dv: value columns per `_apply` program
     (default: 64 up to 32 nodes, else 128; the H200 sweep of 2026-11-30 timed 11.9 against 14.7 us a layer
     at N = 16, 39.8 against 30.7 at N = 65, bench/results/2026-11-30-h200-s10-xla-flags-tdr-sweep);
     key_chunk: key dims per partial dot (both powers of two >= 16, clipped to the padded head dims).
     precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
-    fp32 (XLA:CPU has no tf32).
+    fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
+    block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
     """
-    b, n, h, dk = q.shape
-    dv = v.shape[-1]
+    b, n, h, dv = v.shape
+    dk = q.shape[3]
+    rep = reference.heads_per_key(q, k, v)
     if not supports(n):
         raise ValueError(f"tree_delta_rule kernel takes 1..{MAX_N} nodes, got {n}")
     f32 = jnp.float32
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
+    gram_inside = nt == 1 if gram_inside is None else gram_inside
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -190,38 +213,45 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     q = pad(q, [(0, 0), (0, n_pad - n), (0, 0), (0, dkp - dk)])
     k = pad(k, [(0, 0), (0, n_pad - n), (0, 0), (0, dkp - dk)])
     v = pad(v, [(0, 0), (0, n_pad - n), (0, 0), (0, dvp - dv)])
-    g = pad(jnp.moveaxis(g, 1, 2), [(0, 0), (0, 0), (0, n_pad - n)])          # [B, H, N]: contiguous per head
-    beta = pad(jnp.moveaxis(beta, 1, 2), [(0, 0), (0, 0), (0, n_pad - n)])
+    g = pad(g, [(0, 0), (0, n_pad - n), (0, 0)])
+    beta = pad(beta, [(0, 0), (0, n_pad - n), (0, 0)])
     anc = pad(anc.astype(f32), [(0, 0), (0, n_pad - n), (0, n_pad - n)])
     s0 = pad(s0, [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     params = pltriton.CompilerParams(num_warps=num_warps)
 
-    # What needs no solve, as batched XLA products (fp32, full precision) ahead of the kernel, so that
-    # the kernel's serial chain of tiles loads one [T, T] tile per product instead of streaming K and Q
-    # through its own FMA dots: the Gram matrices K K^T and Q K^T per head, and G = anc g (G_i sums the
-    # log-decays of i's ancestors-or-self).
-    full = lax.Precision.HIGHEST
-    kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
-    qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
-    G = jnp.einsum("bij,bhj->bhi", anc, g, precision=full)
-
-    head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi: (bi, hi) + (0,) * len(blk))
+    # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
+    # beta and G are strided columns of [B, N, H].
+    key_rows = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi: (bi, 0, hi // rep, 0))
+    key_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 0, 0))
+    nodes = pl.BlockSpec((None, n_pad, None), lambda bi, hi: (bi, 0, hi))
+    square = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi, 0, 0))
     tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
-    tb, m = pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, precision=prec),
+    if gram_inside:
+        gram_args, gram_specs = (q, k), [key_rows, key_rows]
+    else:
+        # The Gram matrices K K^T and Q K^T per key head as batched XLA products (fp32, full precision)
+        # ahead of the kernel, so that its serial chain of tiles loads one [T, T] tile per product instead
+        # of streaming K and Q through its own FMA dots.
+        full = lax.Precision.HIGHEST
+        gram_args = (jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full),
+                     jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full))
+        gram_specs = [key_gram, key_gram]
+    tb, m, G = pl.pallas_call(
+        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside),
         out_shape=(jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
-                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)),
+                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
+                   jax.ShapeDtypeStruct((b, n_pad, h), f32)),
         grid=(b, h),
-        in_specs=[head(n_pad, n_pad), head(n_pad, n_pad), head(n_pad), head(n_pad), tree],
-        out_specs=[head(n_pad, n_pad), head(n_pad, n_pad)],
+        in_specs=gram_specs + [nodes, nodes, tree],
+        out_specs=[square, square, nodes],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_prepare",
-    )(kk, qk, G, beta, anc)
+    )(*gram_args, g, beta, anc)
 
     # grid: batch, value head, slice of the value dim, tile of nodes
-    keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi, 0))
+    keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi // rep, 0))
     vals = pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci, ti: (bi, 0, hi, ci))
     per_head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi, ci, ti: (bi, hi) + (0,) * len(blk))
     o, delta = pl.pallas_call(
@@ -230,10 +260,11 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
                    jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32)),
         grid=(b, h, dvp // block_dv, nt),
         in_specs=[keys, keys, vals, pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci, ti: (bi, hi, 0, ci)),
-                  per_head(n_pad), per_head(n_pad, n_pad), per_head(n_pad, n_pad)],
+                  pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci, ti: (bi, 0, hi)),
+                  per_head(n_pad, n_pad), per_head(n_pad, n_pad)],
         out_specs=[vals, vals],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_apply",
     )(q, k, v, s0, G, tb, m)
-    return o[:, :n, :, :dv], delta[:, :n, :, :dv], jnp.moveaxis(G, 1, 2)[:, :n]
+    return o[:, :n, :, :dv], delta[:, :n, :, :dv], G[:, :n]

@@ -29,10 +29,21 @@ def _decay(G, anc):
     return jnp.where(anc[:, None], jnp.exp(jnp.where(anc[:, None], diff, 0.0)), 0.0)
 
 
+def heads_per_key(q, k, v) -> int:
+    """How many value heads each key head serves: q and k [B, N, Hk, Dk] (equal shapes), v [B, N, H, Dv]
+    with H a multiple of Hk; value head h reads key head h // (H / Hk) (the GDN's repeat_interleave)."""
+    h, hk = v.shape[2], q.shape[2]
+    if q.shape != k.shape or q.shape[:2] != v.shape[:2] or h % hk:
+        raise ValueError(f"tree_delta_rule: q {q.shape} and k {k.shape} must be equal [B, N, Hk, Dk] with Hk "
+                         f"dividing the value heads of v {v.shape}")
+    return h // hk
+
+
 def tree_delta_rule(q, k, v, g, beta, anc, s0):
     """One block of the gated delta rule on a tree.
 
-    q, k: [B, N, H, Dk] fp32 (q already scaled, both l2-normalised, expanded to value heads)
+    q, k: [B, N, Hk, Dk] fp32 (q already scaled, both l2-normalised), each key head serving H / Hk value
+          heads (value head h reads key head h // (H / Hk)); Hk = H for one key head per value head
     v:    [B, N, H, Dv] fp32
     g, beta: [B, N, H] fp32 (log-decay, write strength)
     anc:  [B, N, N] bool, anc[b, i, j] = j is an ancestor-or-self of i
@@ -40,6 +51,8 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0):
     Returns o [B,N,H,Dv], delta [B,N,H,Dv], G [B,N,H] (path-cumulative log-decay).
     """
     f32 = jnp.float32
+    rep = heads_per_key(q, k, v)
+    q, k = (jnp.repeat(x, rep, 2) for x in (q, k))
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     n = q.shape[1]
     G = jnp.einsum("bij,bjh->bih", anc.astype(f32), g, precision=_HI)
@@ -61,10 +74,10 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0):
 def state_at(s0, k, delta, G, anc_row, G_node):
     """State after node a: e^{G_a} S0 + sum_j anc_row_j e^{G_a - G_j} k_j Delta_j^T.
 
-    s0 [B,H,Dk,Dv]; k [B,N,H,Dk]; delta [B,N,H,Dv]; G [B,N,H]; anc_row [B,N] bool (ancestors of a);
-    G_node [B,H] = G_a.
+    s0 [B,H,Dk,Dv]; k [B,N,Hk,Dk] (each key head serving H / Hk value heads); delta [B,N,H,Dv]; G [B,N,H];
+    anc_row [B,N] bool (ancestors of a); G_node [B,H] = G_a.
     """
-    return states_at([s0], [k], [delta], [G], anc_row, [G_node])[0]
+    return states_at([s0], [k], [delta], [G], anc_row, [G_node], rep=delta.shape[2] // k.shape[2])[0]
 
 
 def states_at(s0s, ks, deltas, Gs, anc_row, G_nodes, rep: int = 1, nodes=None):
