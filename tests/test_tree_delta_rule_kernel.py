@@ -64,6 +64,16 @@ def test_kernel_gram_either_side(seed, n, gram_inside):
     assert_matches(interpret(*args, gram_inside=gram_inside), reference.tree_delta_rule(*args))
 
 
+@pytest.mark.parametrize("n", [16, 40, 65])
+def test_kernel_split_m(seed, n):
+    """M = P Tb in its own kernel, a program per tile of rows, equals the reference (grouped heads, trees);
+    it needs the Gram products ahead of the kernels."""
+    args, _ = make_inputs(seed, Spec(2, n, 4, 16, 16, "tree", key_heads=2))
+    assert_matches(interpret(*args, split_m=True), reference.tree_delta_rule(*args))
+    with pytest.raises(ValueError, match="split_m needs the Gram products"):
+        interpret(*args, split_m=True, gram_inside=True)
+
+
 def test_grouped_heads_equal_repeated_heads(seed):
     """Key heads serving several value heads are the same rule as the keys repeated per value head
     (value head h reads key head h // rep), in every implementation; shapes that do not group are refused."""
@@ -217,12 +227,12 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-@pytest.mark.parametrize("n", [1, 65])
+@pytest.mark.parametrize("n,split_m", [(1, False), (65, False), (65, True)])
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
-def test_triton_lowering(n, precision):
+def test_triton_lowering(n, split_m, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
-    two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five. (Compiling it
-    needs the GPU.)"""
+    two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five, with M in
+    prepare or in its own kernel. (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
     f32 = jnp.float32
@@ -231,10 +241,10 @@ def test_triton_lowering(n, precision):
     shapes = (S((b, n, hk, dk), f32), S((b, n, hk, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, split_m=split_m))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    assert hlo.count("__gpu$xla.gpu.triton") == 2          # prepare + apply
+    assert hlo.count("__gpu$xla.gpu.triton") == (3 if split_m else 2)          # prepare (+ mix) + apply
     assert "triangular_solve" not in hlo
 
 
@@ -293,6 +303,15 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
     args, _ = make_inputs(seed, Spec(1, 65, shape="tree", **REAL))
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, block_dv=block_dv, key_chunk=key_chunk,
                                                          num_warps=num_warps))
+    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
+
+
+@on_gpu
+@pytest.mark.parametrize("n,shape", [(64, "chain"), (65, "tree")])
+def test_gpu_kernel_split_m(seed, n, shape):
+    """M = P Tb in its own kernel (`split_m`), compiled, at the real shape."""
+    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_m=True))
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 

@@ -7,8 +7,8 @@ Each timed call is one jit applying the op `--layers` times in sequence (unrolle
 GDN layers, each layer's state depending on the previous output so that nothing is hoisted), so
 launch overhead is amortised as in a decode step; reported per layer, synchronised and on the device
 (bench.profile.device_time, the kernels' summed durations). `--sweep` adds the kernel's
-tuning variants (dot precision, value slice, key chunk, warps). Each row also gives the bytes a layer's
-call reads and writes (its inputs, the state included, and its outputs) over its device time, against a
+tuning variants (where the Gram tiles and M are formed, dot precision, value slice, key chunk, warps).
+Each row also gives the bytes a layer's call reads and writes (its inputs, the state included, and its outputs) over its device time, against a
 device copy measured in the same run (`frac_of_copy`): the op streams the fp32 state, so that is its ceiling.
 """
 
@@ -31,6 +31,10 @@ def implementations(sweep: bool, on_gpu: bool):
         return impls
     impls["pallas_triton"] = pallas_triton.tree_delta_rule
     if sweep:
+        # where the Gram tiles and M = P Tb are formed (defaults: Gram inside prepare for one tile, M in prepare)
+        impls["pallas_triton/gram_outside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=False)
+        impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
+        impls["pallas_triton/split_m"] = functools.partial(pallas_triton.tree_delta_rule, split_m=True)
         for precision in sorted(pallas_triton.PRECISIONS):
             for block_dv in (32, 64, 128):
                 for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):

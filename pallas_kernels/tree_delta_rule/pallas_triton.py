@@ -17,10 +17,12 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   25.6 ms verify(65), bench/results/2026-11-30-h200-verify-profile). For a block of one tile (a DFlash
   block of 16) they are one small dot each inside `_prepare_kernel`, which saves the products' launches.
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
-  nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward substitution, the
-  diagonal tiles by forward substitution over their rows. Substitution, not a power series:
+  nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
+  substitution, the diagonal tiles by forward substitution over their rows. Substitution, not a power series:
   (I + A)^-1 = prod_m (I + A^(2^m)) loses everything to cancellation when keys are correlated and
   decays weak (relative error 4e8 at N = 64, measured against float64).
+* `_mix_kernel` (opt-in, `split_m`): M = P Tb a tile of rows per program, for when the prepare kernel's
+  serial chain (48 programs on 132 SMs) is the bottleneck of a large tree; it then forms Tb alone.
 * `_apply_kernel` (a program per batch row, value head, slice of the value dim and node tile) forms
   Tb E K and M E K for its tile a key chunk at a time, multiplies them into S0, and adds Tb V and M V.
   Tiles do not depend on each other, so the work spreads over the SMs.
@@ -97,19 +99,23 @@ def _unit_lower_inverse(a, rows_used):
     return inv
 
 
-def _prepare_kernel(*refs, n, precision, gram_inside):
-    """Per (batch row, value head): G, then Tb and M tile by tile. With `gram_inside` (blocks of one tile:
-    a DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are read
-    from the products made ahead of the kernel."""
+def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
+    """Per (batch row, value head): G, then Tb and (`with_m`) M tile by tile. With `gram_inside` (blocks of
+    one tile: a DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are
+    read from the products made ahead of the kernel. Without `with_m`, `_mix_kernel` forms M afterwards."""
     dot = functools.partial(_dot, precision=precision)
     if gram_inside:
-        q_ref, k_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
+        q_ref, k_ref, *refs = refs
         kk_at = lambda ri, rj: dot(k_ref[ri, :], k_ref[rj, :], trans_b=True)
         qk_at = lambda ri, rj: dot(q_ref[ri, :], k_ref[rj, :], trans_b=True)
     else:
-        kk_ref, qk_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
+        kk_ref, *refs = refs
         kk_at = lambda ri, rj: kk_ref[ri, rj]
-        qk_at = lambda ri, rj: qk_ref[ri, rj]
+        if with_m:
+            qk_ref, *refs = refs
+            qk_at = lambda ri, rj: qk_ref[ri, rj]
+    g_ref, beta_ref, anc_ref, tb_ref, *refs = refs
+    m_ref, G_ref = refs if with_m else (None, refs[0])
     r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
     c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
     rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
@@ -126,7 +132,8 @@ def _prepare_kernel(*refs, n, precision, gram_inside):
             d_ij = _decay(G[i], G[j], anc_ref[ri, rj])
             kk = kk_at(ri, rj)
             A.append(beta_i[:, None] * (d_ij * (jnp.where(r > c, kk, 0.0) if j == i else kk)))
-            P.append(d_ij * qk_at(ri, rj))
+            if with_m:
+                P.append(d_ij * qk_at(ri, rj))
         # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
         inv_ii = _unit_lower_inverse(A[i], min(TILE, n - i * TILE))
         for j, rj in enumerate(rows[:i]):
@@ -134,8 +141,32 @@ def _prepare_kernel(*refs, n, precision, gram_inside):
             tb_ref[ri, rj] = Tb[i, j]
         Tb[i, i] = inv_ii * beta_i[None, :]
         tb_ref[ri, ri] = Tb[i, i]
-        for j, rj in enumerate(rows[:i + 1]):
-            m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
+        if with_m:
+            for j, rj in enumerate(rows[:i + 1]):
+                m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
+
+
+def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
+    """M_ij = sum_{j<=l<=i} P_il Tb_lj for one tile of rows i (a program per batch row, value head and row
+    tile): the part of `_prepare_kernel` that needs no substitution, spread over the SMs instead of run in
+    each head's serial chain."""
+    dot = functools.partial(_dot, precision=precision)
+    i = pl.program_id(2)
+    tile = lambda t: pl.ds(pl.multiple_of(t * TILE, TILE), TILE)
+    ri = tile(i)
+    G_i = G_ref[ri]
+
+    def column(j, carry):
+        rj = tile(j)
+
+        def term(l, acc):
+            rl = tile(l)
+            return acc + dot(_decay(G_i, G_ref[rl], anc_ref[ri, rl]) * qk_ref[ri, rl], tb_ref[rl, rj])
+
+        m_ref[ri, rj] = lax.fori_loop(j, i + 1, term, jnp.zeros((TILE, TILE), jnp.float32))
+        return carry
+
+    lax.fori_loop(0, i + 1, column, 0)
 
 
 def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
@@ -177,9 +208,9 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside"))
+                                             "gram_inside", "split_m"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None):
+                    precision="ieee", gram_inside=None, split_m=False):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -190,6 +221,8 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
     fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
+    split_m: M = P Tb in `_mix_kernel`, a program per tile of rows, rather than in `_prepare`'s serial chain
+    (needs the Gram products ahead of the kernels: not with gram_inside).
     """
     b, n, h, dv = v.shape
     dk = q.shape[3]
@@ -200,7 +233,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
-    gram_inside = nt == 1 if gram_inside is None else gram_inside
+    gram_inside = nt == 1 and not split_m if gram_inside is None else gram_inside
+    if gram_inside and split_m:
+        raise ValueError("tree_delta_rule: split_m needs the Gram products ahead of the kernels (gram_inside=False)")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -234,21 +269,35 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         # ahead of the kernel, so that its serial chain of tiles loads one [T, T] tile per product instead
         # of streaming K and Q through its own FMA dots.
         full = lax.Precision.HIGHEST
-        gram_args = (jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full),
-                     jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full))
-        gram_specs = [key_gram, key_gram]
-    tb, m, G = pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside),
-        out_shape=(jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
-                   jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32),
-                   jax.ShapeDtypeStruct((b, n_pad, h), f32)),
+        kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
+        qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
+        gram_args, gram_specs = ((kk,), [key_gram]) if split_m else ((kk, qk), [key_gram, key_gram])
+    square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
+    outs = pl.pallas_call(
+        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside, with_m=not split_m),
+        out_shape=(square_f32,) + (() if split_m else (square_f32,)) + (jax.ShapeDtypeStruct((b, n_pad, h), f32),),
         grid=(b, h),
         in_specs=gram_specs + [nodes, nodes, tree],
-        out_specs=[square, square, nodes],
+        out_specs=[square] * (1 if split_m else 2) + [nodes],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_prepare",
     )(*gram_args, g, beta, anc)
+    tb, G = outs[0], outs[-1]
+    if split_m:
+        by_tile = lambda spec: pl.BlockSpec(spec.block_shape, lambda bi, hi, ti: spec.index_map(bi, hi))
+        m = pl.pallas_call(
+            functools.partial(_mix_kernel, precision=prec),
+            out_shape=square_f32,
+            grid=(b, h, nt),
+            in_specs=[by_tile(key_gram), by_tile(nodes), by_tile(tree), by_tile(square)],
+            out_specs=by_tile(square),
+            compiler_params=params,
+            interpret=interpret,
+            name="tree_delta_rule_mix",
+        )(qk, G, anc, tb)
+    else:
+        m = outs[1]
 
     # grid: batch, value head, slice of the value dim, tile of nodes
     keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi // rep, 0))
