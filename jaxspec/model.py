@@ -27,6 +27,8 @@ from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm import api as add_norm_api
 from pallas_kernels.gdn_decode import api as gdn_decode_api
 from pallas_kernels.gdn_decode import gdn_decode
+from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
+from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
 from pallas_kernels.tree_delta_rule import resolve, state_at, states_at, tree_delta_rule
 
@@ -258,38 +260,25 @@ class GatedDeltaNet(nnx.Module):
         self.norm = RMSNorm(cfg.linear_value_head_dim, eps=cfg.rms_norm_eps, offset=0.0, dtype=dt)
         self.out_proj = Linear(cfg.value_dim, d, dtype=dt, rngs=rngs)
 
-    def conv(self, conv_in, history, tree: Tree):
-        """Causal depthwise conv along ancestors: node i's window is (ancestor at distance K-1, ..., 1,
-        itself); distances past the root read the committed history of the last K-1 inputs."""
-        kw = self.cfg.conv_kernel
-        ext = jnp.concatenate([history.astype(conv_in.dtype), conv_in], 1)      # [B, K-1+N, C]
-        w = self.conv1d[...]
-        out = 0.0
-        for d in range(kw):
-            idx = window_index(tree, d, kw - 1)
-            out = out + jnp.take_along_axis(ext, idx[..., None], 1) * w[kw - 1 - d]
-        return jax.nn.silu(out)
-
     def __call__(self, x, history, s0, tree: Tree, row_scale=None):
         """`row_scale` as in MLP."""
         cfg = self.cfg
         b, n, _ = x.shape
         if n == 1 and gdn_decode_api.resolve() != "reference":
             return self.decode(x, history, s0, row_scale)
-        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        conv_in, z, b_, a = split_columns(cfg, "in_proj", self.in_proj(x, row_scale))
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        y = self.in_proj(x, row_scale)
+        conv_in, z, _, _ = split_columns(cfg, "in_proj", y)
         z = z.reshape(b, n, hv, dv)
-        beta = jax.nn.sigmoid(b_).astype(jnp.float32)
-        a = a.astype(jnp.float32)
-        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...].astype(jnp.float32))
-        # Channels in key-head-group order (convert/keys.py `gdn_channel_order`): per key head h, q_h, k_h,
-        # then its value heads. So a tensor-parallel shard of whole groups holds all of its heads' channels.
-        rep = hv // hk  # value head h reads key head h // rep (repeat_interleave; the delta rule maps it)
-        qkv = self.conv(conv_in, history, tree).reshape(b, n, hk, 2 * dk + rep * dv)
-        q = l2norm(qkv[..., :dk].astype(jnp.float32)) * dk ** -0.5
-        k = l2norm(qkv[..., dk:2 * dk].astype(jnp.float32))
-        v = qkv[..., 2 * dk:].reshape(b, n, hv, dv).astype(jnp.float32)
+        # The conv along ancestors (node i's window: its ancestors at distance K-1, ..., 1, then itself; distances
+        # past the root read the committed history of the last K-1 inputs), silu, l2 norms and gates, from y's
+        # key-head groups (convert/keys.py `gdn_channel_order`: per key head h, q_h, k_h, then its value heads;
+        # a tensor-parallel shard of whole groups holds all of its heads' channels). q and k stay at the key heads:
+        # value head h reads key head h // (Hv / Hk).
+        kw = cfg.conv_kernel
+        rows = jnp.stack([window_index(tree, d, kw - 1) for d in range(kw)], 1)               # [B, K, N]
+        q, k, v, g, beta = _gdn_tree_inputs(y, history, self.conv1d[...], self.A_log[...], self.dt_bias[...],
+                                            rows, dk=dk, dv=dv)
         o, delta, G, s_mid = delta_rule(q, k, v, g, beta, tree, s0)
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
@@ -323,10 +312,6 @@ def add_norm(x, u, norm: RMSNorm):
     return sharding.per_shard_rows(fn, x, u, norm.weight[...]) + (None,)
 
 
-def l2norm(x, eps=1e-6):
-    return x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + eps)
-
-
 def window_index(tree: Tree, distance: int, hist: int):
     """Index into concat(history[hist], nodes[N]) of each node's conv input `distance` steps up."""
     anc = ancestor_at(tree, distance)
@@ -340,6 +325,15 @@ def cached_tree_attention(q, keys, values, start, anc):
     if attention_api.resolve() != "reference":
         return sharding.per_shard_attention(tree_attention, q, keys, values, start, anc)
     return tree_attention(q, keys, values, start, anc)
+
+
+def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
+    """`gdn_tree_inputs` (pallas_kernels/gdn_tree_inputs); the Pallas kernel runs per shard under a mesh, the jnp
+    reference is partitioned by GSPMD like the rest of the model."""
+    fn = functools.partial(gdn_tree_inputs, dk=dk, dv=dv)
+    if gdn_tree_inputs_api.resolve(y.shape[1], dk, dv) != "reference":
+        return sharding.per_shard_gdn_tree_inputs(fn, y, history, conv_w, A_log, dt_bias, rows)
+    return fn(y, history, conv_w, A_log, dt_bias, rows)
 
 
 def _tree_delta_rule(q, k, v, g, beta, anc, s0):

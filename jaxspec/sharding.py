@@ -364,6 +364,17 @@ def per_shard_gdn_decode(fn, conv_in, history, conv_w, z, a, b, A_log, dt_bias, 
                    (split_rows, split_rows, split_rows, split))
 
 
+def per_shard_gdn_tree_inputs(fn, y, history, conv_w, A_log, dt_bias, rows):
+    """The GDN tree inputs (pallas_kernels/gdn_tree_inputs: y [B,N,W] the in_proj product; history [B,K-1,C];
+    conv_w [K,C]; A_log, dt_bias [Hv]; rows [B,K,N]) run per shard over (data: batch, model: GDN groups): y's
+    columns, like the conv channels, are stored per key-head group, so a shard's contiguous slice holds whole
+    groups. Returns q, k [B,N,Hk,Dk], v [B,N,Hv,Dv], g, beta [B,N,Hv], split by heads."""
+    heads4, heads3 = P(DATA, None, MODEL, None), P(DATA, None, MODEL)
+    return _manual(fn, (y, history, conv_w, A_log, dt_bias, rows),
+                   (P(DATA, None, MODEL), P(DATA, None, MODEL), P(None, MODEL), P(MODEL), P(MODEL), P(DATA)),
+                   (heads4, heads4, heads4, heads3, heads3))
+
+
 def per_shard_attention(fn, q, keys, values, start, anc):
     """Tree attention (q [B,N,H,hd]; keys, values [B,L,KV,hd]; start [B]; anc [B,N,N]) run per shard over
     (data: batch, model: heads). A shard's query heads read exactly its own kv heads: both are split in

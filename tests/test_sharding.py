@@ -54,6 +54,14 @@ def target(ckpt):
 
 
 @pytest.fixture(scope="module")
+def target_dk16(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tp_target_dk16")
+    make_causal_lm(path, seed=5, max_shard_size="100KB", **{**SHAPE, "linear_key_head_dim": 16,
+                                                            "linear_value_head_dim": 16})
+    return load_target(path, dtype="float32")
+
+
+@pytest.fixture(scope="module")
 def drafter():
     return Drafter(drafter_config(vocab_size=509, mask_token_id=500, num_heads=8, num_kv_heads=2),
                    rngs=nnx.Rngs(3))
@@ -317,16 +325,20 @@ def test_embedding_lookup_reads_only_the_local_rows(target, tp, dp):
     assert not re.search(rf"\[{rows},{target.cfg.hidden_size}\]\S* all-gather", hlo), "the table is gathered"
 
 
-@pytest.mark.parametrize("flag", ["JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_TREE_ATTENTION"])
-def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
+@pytest.mark.parametrize("flag", ["JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_TREE_ATTENTION", "JAXSPEC_GDN_TREE_INPUTS"])
+def test_pallas_kernel_runs_per_shard(request, monkeypatch, flag):
     """With a Pallas kernel selected, the sharded forward traces the kernel on per-shard shapes (1 of the
-    2 sequences, a quarter of the heads: of the query heads, or of the GDN's key heads) through shard_map,
-    and matches."""
+    2 sequences, a quarter of the heads: of the query heads, of the GDN's key heads, or of the in_proj
+    product's key-head groups) through shard_map, and matches. The GDN tree inputs kernel takes head dims of
+    16 or more (Triton's dot), so it runs on a target with those."""
+    target = request.getfixturevalue("target_dk16" if flag == "JAXSPEC_GDN_TREE_INPUTS" else "target")
+    from pallas_kernels.gdn_tree_inputs import pallas_triton as inputs_kernel
     from pallas_kernels.tree_attention import pallas_triton as attention_kernel
     from pallas_kernels.tree_delta_rule import pallas_triton as delta_kernel
     monkeypatch.setenv(flag, "pallas_interpret")
-    module = attention_kernel if flag == "JAXSPEC_TREE_ATTENTION" else delta_kernel
-    fn_name = "tree_attention" if flag == "JAXSPEC_TREE_ATTENTION" else "tree_delta_rule"
+    module, fn_name = {"JAXSPEC_TREE_ATTENTION": (attention_kernel, "tree_attention"),
+                       "JAXSPEC_TREE_DELTA_RULE": (delta_kernel, "tree_delta_rule"),
+                       "JAXSPEC_GDN_TREE_INPUTS": (inputs_kernel, "gdn_tree_inputs")}[flag]
     shapes, kernel = [], getattr(module, fn_name)
     monkeypatch.setattr(module, fn_name, lambda q, *a, **kw: shapes.append(q.shape) or kernel(q, *a, **kw))
     mesh = S.make_mesh(4, 2)
@@ -342,7 +354,9 @@ def test_pallas_kernel_runs_per_shard(target, monkeypatch, flag):
         hlo = f.lower(params, tokens, state, tr).as_text()
         got = f(params, tokens, state, tr)
     assert "sdy.manual_computation" in hlo or "shard_map" in hlo
-    heads = (target.cfg.num_heads if flag == "JAXSPEC_TREE_ATTENTION" else target.cfg.linear_num_key_heads) // 4
+    cfg = target.cfg
+    heads = {"JAXSPEC_TREE_ATTENTION": cfg.num_heads, "JAXSPEC_TREE_DELTA_RULE": cfg.linear_num_key_heads,
+             "JAXSPEC_GDN_TREE_INPUTS": cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads}[flag] // 4
     assert shapes and {(s[0], s[2]) for s in shapes} == {(1, heads)}, shapes
     monkeypatch.delenv(flag)
     ref = forward(target, tokens, tr, init_state(target.cfg, b, 32))

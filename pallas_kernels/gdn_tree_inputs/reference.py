@@ -1,0 +1,58 @@
+"""Pure-jnp reference of the GDN layer's inputs to the tree delta rule: the spec of the fused kernel, and
+what jaxspec/model.py's GatedDeltaNet runs off the GPU.
+
+From the in_proj product y [B, N, W] of a block of N tree nodes (W = Hk groups, each [conv channels of the
+group (q, k, then its rep value heads' v), z, b, a], the layout of model.fuse_kernels), per value head h (key
+head h // rep):
+
+    x      = silu(sum_d conv_w[K-1-d] * window_d)    depthwise causal conv along ancestors: window_d is the
+                                                       conv input d steps up the node's path (distances past the
+                                                       root read the committed history of the last K-1 inputs)
+    q, k   = l2norm(x_q) / sqrt(Dk), l2norm(x_k);  v = x_v
+    g      = -exp(A_log) softplus(a + dt_bias);   beta = sigmoid(b)
+
+in fp32, as pallas_kernels/gdn_decode does for one token (the conv accumulates in fp32, like the
+causal-conv1d kernel; before session 42 the model summed its taps in the weights' dtype).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def layout(y, conv_w, A_log, dk: int, dv: int):
+    """(Hk, rep, conv channels a group, in_proj width a group) from y [B, N, W], conv_w [K, C], A_log [Hv]."""
+    c, hv = conv_w.shape[1], A_log.shape[0]
+    hk = (c - hv * dv) // (2 * dk) if dk > 0 else 0
+    if hk < 1 or hv % hk or hk * 2 * dk + hv * dv != c or y.shape[-1] != c + hv * dv + 2 * hv:
+        raise ValueError(f"gdn_tree_inputs: in_proj width {y.shape[-1]} and {c} conv channels do not hold {hv} "
+                         f"value heads of {dv} and whole key heads of {dk}")
+    return hk, hv // hk, c // hk, y.shape[-1] // hk
+
+
+def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: int):
+    """y [B, N, W] (the in_proj product); history [B, K-1, C] (the last K-1 committed conv inputs, oldest
+    first); conv_w [K, C] (tap K-1 multiplies the node itself); A_log, dt_bias [Hv]; rows [B, K, N] int32
+    (row d: each node's conv input d steps up, as an index into concat(history, nodes): model.window_index).
+    Returns q, k [B, N, Hk, Dk], v [B, N, Hv, Dv], g, beta [B, N, Hv], all fp32."""
+    f32 = jnp.float32
+    hk, rep, gc, gw = layout(y, conv_w, A_log, dk, dv)
+    b, n = y.shape[:2]
+    hv, kw = hk * rep, conv_w.shape[0]
+    grouped = y.reshape(b, n, hk, gw)
+    conv_in = grouped[..., :gc].reshape(b, n, hk * gc)
+    gates = grouped[..., gc + rep * dv:].astype(f32)                      # [B, N, Hk, 2 rep]: b, then a
+    beta_in, a = gates[..., :rep].reshape(b, n, hv), gates[..., rep:].reshape(b, n, hv)
+    ext = jnp.concatenate([history.astype(f32), conv_in.astype(f32)], 1)  # [B, K-1+N, C]
+    w = conv_w.astype(f32)
+    x = sum(jnp.take_along_axis(ext, rows[:, d, :, None], 1) * w[kw - 1 - d] for d in range(kw))
+    x = jax.nn.silu(x).reshape(b, n, hk, gc)
+    l2 = lambda t: t * jax.lax.rsqrt(jnp.sum(t * t, -1, keepdims=True) + 1e-6)
+    q = l2(x[..., :dk]) * dk ** -0.5
+    k = l2(x[..., dk:2 * dk])
+    v = x[..., 2 * dk:].reshape(b, n, hv, dv)
+    g = -jnp.exp(A_log.astype(f32)) * jax.nn.softplus(a + dt_bias.astype(f32))
+    return q, k, v, g, jax.nn.sigmoid(beta_in)
