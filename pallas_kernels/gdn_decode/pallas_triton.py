@@ -31,8 +31,14 @@ def supports(dk: int, dv: int) -> bool:
     return pow2(dk) and pow2(dv)
 
 
-def _sigmoid(x):
+def sigmoid(x):
     return 1.0 / (1.0 + jnp.exp(-x))
+
+
+def log_decay(a, a_log, dt_bias):
+    """The GDN gate g = -exp(A_log) softplus(a + dt_bias), softplus in the overflow-free form, in kernel code."""
+    x = a + dt_bias
+    return -jnp.exp(a_log) * (jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))))
 
 
 def _kernel(x_ref, hist_ref, w_ref, z_ref, p_ref, nw_ref, s0_ref, out_ref, k_ref, d_ref, g_ref, *,
@@ -49,7 +55,7 @@ def _kernel(x_ref, hist_ref, w_ref, z_ref, p_ref, nw_ref, s0_ref, out_ref, k_ref
         acc = x_ref[cs].astype(f32) * w_ref[kw - 1, cs].astype(f32)
         for j in range(kw - 1):
             acc = acc + hist_ref[j, cs].astype(f32) * w_ref[j, cs].astype(f32)
-        return acc * _sigmoid(acc)
+        return acc * sigmoid(acc)
 
     q = conv(base, dk)
     k = conv(base + dk, dk)
@@ -60,10 +66,8 @@ def _kernel(x_ref, hist_ref, w_ref, z_ref, p_ref, nw_ref, s0_ref, out_ref, k_ref
     p = p_ref[...].astype(f32)
     lane = lax.broadcasted_iota(jnp.int32, (PACK,), 0)
     a, b, a_log, dt_bias = (jnp.sum(jnp.where(lane == i, p, 0.0)) for i in range(PACK))
-    x = a + dt_bias
-    softplus = jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
-    g = -jnp.exp(a_log) * softplus
-    beta = _sigmoid(b)
+    g = log_decay(a, a_log, dt_bias)
+    beta = sigmoid(b)
     eg = jnp.exp(g)
 
     s0 = s0_ref[...]                                              # [Dk, Dv] fp32
@@ -75,7 +79,7 @@ def _kernel(x_ref, hist_ref, w_ref, z_ref, p_ref, nw_ref, s0_ref, out_ref, k_ref
     ob = o.astype(out_ref.dtype).astype(f32)
     n = (ob * lax.rsqrt(jnp.mean(ob * ob) + eps) * nw_ref[...].astype(f32)).astype(out_ref.dtype).astype(f32)
     zf = z_ref[...].astype(f32)
-    out_ref[...] = (n * zf * _sigmoid(zf)).astype(out_ref.dtype)
+    out_ref[...] = (n * zf * sigmoid(zf)).astype(out_ref.dtype)
     d_ref[...] = delta
     g_ref[...] = jnp.full((PACK,), g, f32)
 

@@ -23,6 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.gdn_decode.pallas_triton import log_decay, sigmoid
 from pallas_kernels.gdn_tree_inputs.reference import layout
 
 MAX_N = 128
@@ -31,10 +32,6 @@ MAX_N = 128
 def supports(n: int, dk: int, dv: int) -> bool:
     pow2 = lambda d: d >= 16 and d & (d - 1) == 0
     return 1 <= n <= MAX_N and pow2(dk) and pow2(dv)
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + jnp.exp(-x))
 
 
 def _kernel(y_ref, hist_ref, w_ref, p_ref, rows_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, *,
@@ -58,7 +55,7 @@ def _kernel(y_ref, hist_ref, w_ref, p_ref, rows_ref, q_ref, k_ref, v_ref, g_ref,
             for j in range(kw - 1):
                 taken = taken + jnp.where(rows[d] == j, 1.0, 0.0)[:, None] * hist_ref[j, cs].astype(f32)[None, :]
             acc = acc + taken * w_ref[kw - 1 - d, cs].astype(f32)[None, :]
-        return acc * _sigmoid(acc)
+        return acc * sigmoid(acc)
 
     l2 = lambda t: t * lax.rsqrt(jnp.sum(t * t, axis=1) + 1e-6)[:, None]
     v_ref[...] = conv(2 * dk + r * dv, dv)
@@ -73,9 +70,8 @@ def _kernel(y_ref, hist_ref, w_ref, p_ref, rows_ref, q_ref, k_ref, v_ref, g_ref,
     p = p_ref[...].astype(f32)
     lane = lax.broadcasted_iota(jnp.int32, (2,), 0)
     a_log, dt_bias = (jnp.sum(jnp.where(lane == i, p, 0.0)) for i in range(2))
-    x = a + dt_bias
-    g_ref[...] = -jnp.exp(a_log) * (jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))))
-    beta_ref[...] = _sigmoid(b_in)
+    g_ref[...] = log_decay(a, a_log, dt_bias)
+    beta_ref[...] = sigmoid(b_in)
 
 
 @functools.partial(jax.jit, static_argnames=("dk", "dv", "interpret", "num_warps"))
