@@ -7,7 +7,11 @@
 #   2. verify(16) and verify(64) by part with JAXSPEC_GDN_TREE_INPUTS=reference and =pallas_triton.
 #   3. The engine's GPU tests: lossless with every kernel on (JAXSPEC_GDN_TREE_INPUTS=pallas_triton too), and at the
 #      defaults (the model's GDN inputs now accumulate the conv in fp32: not yet run on a GPU).
-# Predicted: the op 5-8 us a layer on the device against ~17 us of XLA kernels; verify(16) 0.4-0.6 ms shorter,
+# Session 43, call 2: the first form (48 programs over all N nodes) passed its GPU tests but took 14 / 67 us a layer
+# at N = 16 / 64 in verify (+0.25 / +2.8 ms a step). Rewritten as a program per (channel group, 16 nodes): 80 / 320
+# programs. Predicted for the second form: 3-5 us a layer at N = 16, 5-8 at N = 64 (XLA's kernels it replaces:
+# ~8 / ~12 us); verify(16) 0.1-0.25 ms shorter, verify(64) 0.2-0.35 ms shorter.
+# Session 42's prediction (first form): the op 5-8 us a layer on the device against ~17 us of XLA kernels; verify(16) 0.4-0.6 ms shorter,
 # verify(64) 0.4-0.8 ms shorter. If so: make it the GPU default for 2..128 nodes, then time the rounds.
 #   OUT=... bash bench/next/k_gdn_inputs.sh kernel   1 and 2 (writes $OUT/gdn-inputs-kernel.tgz)
 #   OUT=... bash bench/next/k_gdn_inputs.sh engine   3 (writes $OUT/gdn-inputs-engine.tgz)
