@@ -118,7 +118,14 @@ def test_refusals_and_fallbacks(seed, monkeypatch):
     with pytest.raises(ValueError, match="JAXSPEC_GDN_TREE_INPUTS='pallas_mosaic'"):
         api.resolve(6, 16, 16)
     monkeypatch.delenv(api.ENV_VAR)
-    assert api.resolve(16, 128, 128) == "reference"          # opt-in until it has run on a GPU
+    assert api.resolve(16, 128, 128) == "reference"          # this test runs on the CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert [api.resolve(n, 128, 128) for n in (1, 2, 16, 64, 65, 129)] == ["reference"] + ["pallas_triton"] * 3 + [
+        "reference"] * 2                                      # the GPU default: blocks of 2..64 nodes
+    assert api.resolve(16, 8, 16) == "reference"             # a shape the kernel does not take
+    monkeypatch.setenv(api.ENV_VAR, "reference")
+    assert api.resolve(16, 128, 128) == "reference" and api.resolve(16, 128, 128, "pallas_triton") == "pallas_triton"
+    monkeypatch.undo()
     y, *rest = make_inputs(seed, parent, hk=2, rep=3, dk=16, dv=16, kw=4)
     for fn in (reference.gdn_tree_inputs, pallas_triton.gdn_tree_inputs):
         with pytest.raises(ValueError, match="in_proj width 267 "):

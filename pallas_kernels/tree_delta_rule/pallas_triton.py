@@ -22,7 +22,9 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   (I + A)^-1 = prod_m (I + A^(2^m)) loses everything to cancellation when keys are correlated and
   decays weak (relative error 4e8 at N = 64, measured against float64).
 * `_mix_kernel` (opt-in, `split_m`): M = P Tb a tile of rows per program, for when the prepare kernel's
-  serial chain (48 programs on 132 SMs) is the bottleneck of a large tree; it then forms Tb alone.
+  serial chain (48 programs on 132 SMs) is the bottleneck of a large tree; it then forms Tb alone. On the
+  H200 it changed nothing (27.6 / 29.9 us a layer at N = 64 / 65 against 27.4 / 30.1 for the default,
+  bench/results/2026-12-04-h200-s43/split/): M is not where the chain spends its time, so it stays opt-in.
 * `_apply_kernel` (a program per batch row, value head, slice of the value dim and node tile) forms
   Tb E K and M E K for its tile a key chunk at a time, multiplies them into S0, and adds Tb V and M V.
   Tiles do not depend on each other, so the work spreads over the SMs.
