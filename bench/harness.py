@@ -122,6 +122,48 @@ def time_kernel(run, iters: int) -> dict:
     return dict(out=out, compile_s=compile_s, wall_s=wall, device_s=device)
 
 
+def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes: str = "16,64,65") -> list[dict]:
+    """A per-layer op benchmark (the GDN ops' benches): per block size n (--sizes), `stack_for(n, layers)` gives
+    --layers argument tuples; one jit applies each implementation to them in sequence, `link(args, out)` making
+    each layer's input depend on the previous output (so nothing is hoisted). Per implementation: time per layer,
+    synchronised and on the device (time_kernel), the bytes a layer reads and writes over that time, and the
+    largest relative error of any output against the first implementation's; rows printed and, with --json,
+    written."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=sizes, help="nodes per block (comma-separated)")
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    f32 = jnp.float32
+    rows = []
+    for n in (int(x) for x in a.sizes.split(",") if x):
+        stack = stack_for(n, a.layers)
+        ref = None
+        for name, fn in impls.items():
+            def run(stack, fn=fn):
+                out = None
+                for args in stack:
+                    out = fn(*(args if out is None else link(args, out)))
+                return out
+            step = jax.jit(run)                      # one jit per (size, impl): timing it must not retrace
+            t = time_kernel(lambda: step(stack), a.iters)
+            outs = [x.astype(f32) for x in jax.tree.leaves(t["out"])]
+            ref = outs if ref is None else ref
+            err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs, ref))
+            moved = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves((stack[0], t["out"])))
+            per, dev = t["wall_s"] / a.layers, t["device_s"] / a.layers
+            print(f"N={n:4d} {name:14s} {per * 1e6:8.1f} us/layer (device {dev * 1e6:6.1f})  "
+                  f"{moved / dev / 1e12:5.2f} TB/s on the device  err {err:.1e}  compile {t['compile_s']:.1f} s",
+                  flush=True)
+            rows.append(dict(n=n, impl=name, us_per_layer=per * 1e6, device_us_per_layer=dev * 1e6,
+                             bytes_per_layer=moved, device_bytes_per_s=moved / dev, rel_err_vs_reference=err,
+                             compile_s=t["compile_s"]))
+    if a.json:
+        write_results(a.json, rows, layers=a.layers)
+    return rows
+
+
 # The model's parts, named in the HLO metadata while tracing so that profiled kernels can be charged
 # to them. The wrappers only add jax.named_scope; the computation is unchanged.
 _SCOPED = ((M.Attention, "__call__", "attn"), (M.GatedDeltaNet, "__call__", "gdn"), (M.MLP, "__call__", "mlp"),
