@@ -97,10 +97,12 @@ def test_refusals_and_dispatch(seed, monkeypatch):
     monkeypatch.undo()
     o, y, w = make_inputs(seed, 1, 6, hk=2, rep=3, dk=16, dv=16)
     for fn in (reference.gdn_gated_norm, pallas_triton.gdn_gated_norm):
-        with pytest.raises(ValueError, match=r"in_proj product \(1, 6, 267\)"):
+        with pytest.raises(ValueError, match="gdn_gated_norm: in_proj width 267 "):
             fn(o, y[..., :-1], w, dk=16, eps=EPS)
-        with pytest.raises(ValueError, match="key heads of 24"):
+        with pytest.raises(ValueError, match="gdn_gated_norm: .* whole key heads of 24"):
             fn(o, y, w, dk=24, eps=EPS)
+        with pytest.raises(ValueError, match=r"o \(1, 6, 6, 16\) and the in_proj product \(1, 5, 268\)"):
+            fn(o, y[:, :5], w, dk=16, eps=EPS)
 
 
 @pytest.mark.parametrize("n", [16, 64, 65])

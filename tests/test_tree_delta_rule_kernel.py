@@ -80,8 +80,7 @@ def test_kernel_gram_kernel(seed, n, split_m):
     equals the reference (grouped heads, trees, with M in prepare or in its own kernel); they are products ahead
     of the kernels, so not with gram_inside."""
     args, _ = make_inputs(seed, Spec(2, n, 4, 16, 16, "tree", key_heads=2))
-    assert_matches(interpret(*args, gram_kernel=True, gram_inside=False, split_m=split_m),
-                   reference.tree_delta_rule(*args))
+    assert_matches(interpret(*args, gram_kernel=True, split_m=split_m), reference.tree_delta_rule(*args))
     with pytest.raises(ValueError, match="gram_kernel need the Gram products"):
         interpret(*args, gram_kernel=True, gram_inside=True)
 

@@ -16,18 +16,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.gdn_tree_inputs.reference import groups
+
 
 def layout(o, y, dk: int):
-    """(Hk, rep, conv channels a group, in_proj width a group) from o [B, N, Hv, Dv] and y [B, N, W]:
-    W = Hk (2 Dk + rep Dv) conv channels + Hv Dv of z + 2 Hv of gates."""
+    """gdn_tree_inputs' `groups` from o [B, N, Hv, Dv] and y [B, N, W] (whose width gives the conv channels)."""
     hv, dv = o.shape[2:]
+    if o.shape[:2] != y.shape[:2]:
+        raise ValueError(f"gdn_gated_norm: o {tuple(o.shape)} and the in_proj product {tuple(y.shape)} differ in "
+                         f"batch or nodes")
     w = y.shape[-1]
-    c = w - hv * dv - 2 * hv
-    hk = (c - hv * dv) // (2 * dk) if dk > 0 else 0
-    if o.shape[:2] != y.shape[:2] or hk < 1 or hv % hk or hk * (2 * dk) + hv * dv != c:
-        raise ValueError(f"gdn_gated_norm: o {tuple(o.shape)} (value heads of {dv}) and the in_proj product "
-                         f"{tuple(y.shape)} do not hold whole key heads of {dk}")
-    return hk, hv // hk, c // hk, w // hk
+    return groups("gdn_gated_norm", w, w - hv * dv - 2 * hv, hv, dk, dv)
 
 
 def z_columns(y, hk: int, rep: int, gc: int, dv: int):

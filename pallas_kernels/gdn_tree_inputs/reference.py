@@ -23,14 +23,20 @@ import jax.numpy as jnp
 _HI = jax.lax.Precision.HIGHEST
 
 
-def layout(y, conv_w, A_log, dk: int, dv: int):
-    """(Hk, rep, conv channels a group, in_proj width a group) from y [B, N, W], conv_w [K, C], A_log [Hv]."""
-    c, hv = conv_w.shape[1], A_log.shape[0]
+def groups(op: str, w: int, c: int, hv: int, dk: int, dv: int):
+    """(Hk, rep, conv channels a group, in_proj width a group) of an in_proj product of width w with c conv
+    channels and hv value heads (W = Hk (2 Dk + rep Dv) conv channels + Hv Dv of z + 2 Hv of gates); a shape that
+    does not hold whole key heads is refused, naming `op`."""
     hk = (c - hv * dv) // (2 * dk) if dk > 0 else 0
-    if hk < 1 or hv % hk or hk * 2 * dk + hv * dv != c or y.shape[-1] != c + hv * dv + 2 * hv:
-        raise ValueError(f"gdn_tree_inputs: in_proj width {y.shape[-1]} and {c} conv channels do not hold {hv} "
-                         f"value heads of {dv} and whole key heads of {dk}")
-    return hk, hv // hk, c // hk, y.shape[-1] // hk
+    if hk < 1 or hv % hk or hk * 2 * dk + hv * dv != c or w != c + hv * dv + 2 * hv:
+        raise ValueError(f"{op}: in_proj width {w} and {c} conv channels do not hold {hv} value heads of {dv} and "
+                         f"whole key heads of {dk}")
+    return hk, hv // hk, c // hk, w // hk
+
+
+def layout(y, conv_w, A_log, dk: int, dv: int):
+    """`groups` from y [B, N, W], conv_w [K, C], A_log [Hv]."""
+    return groups("gdn_tree_inputs", y.shape[-1], conv_w.shape[1], A_log.shape[0], dk, dv)
 
 
 def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: int):

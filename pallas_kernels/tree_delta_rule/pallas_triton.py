@@ -251,7 +251,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
-    gram_inside = nt == 1 and not split_m if gram_inside is None else gram_inside
+    gram_inside = nt == 1 and not (split_m or gram_kernel) if gram_inside is None else gram_inside
     if gram_inside and (split_m or gram_kernel):
         raise ValueError("tree_delta_rule: split_m and gram_kernel need the Gram products ahead of the kernels "
                          "(gram_inside=False)")
