@@ -9,6 +9,7 @@ GDN state rebuild of bench.rounds' accept_commit phase).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 from pathlib import Path
@@ -36,6 +37,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--commit", action="store_true", help="profile accept + commit after the verify, not the verify")
     ap.add_argument("--out", default=None, help="directory for the summary JSON and text")
+    ap.add_argument("--hlo", action="store_true", help="also write the optimized HLO (gzipped) to --out, to read "
+                    "what a fusion in the summary computes")
     args = ap.parse_args(argv)
     _, cfg = H.resolve_config(args.config, "bfloat16")
     model = random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
@@ -70,10 +73,16 @@ def main(argv=None):
     res.update(config=args.config, phase=tag, nodes=n, tree=args.tree, context=args.context, compile=ct,
                git=H.git_info(), machine=H.machine_info())
     text = json.dumps(res, indent=1, default=str)
+    if args.hlo and not args.out:
+        ap.error("--hlo needs --out")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{'commit' if args.commit else 'verify'}-{'tree' if args.tree else 'chain'}{n}.json").write_text(text)
+        name = f"{'commit' if args.commit else 'verify'}-{'tree' if args.tree else 'chain'}{n}"
+        (out / f"{name}.json").write_text(text)
+        if args.hlo:
+            with gzip.open(out / f"{name}.hlo.txt.gz", "wt") as f:
+                f.write(hlo)
     print(text[:6000])
 
 

@@ -40,7 +40,7 @@ def supports(n: int, dk: int, dv: int) -> bool:
     return 1 <= n <= MAX_N and pow2(dk) and pow2(dv)
 
 
-def _kernel(y_ref, hist_ref, w_ref, p_ref, rows_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, *,
+def _kernel(y_ref, hist_ref, w_ref, alog_ref, dtb_ref, rows_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, *,
             dk, dv, rep, gc, gw, kw, n_pad, precision):
     f32 = jnp.float32
     group, tile = pl.program_id(1), pl.program_id(2)
@@ -80,9 +80,7 @@ def _kernel(y_ref, hist_ref, w_ref, p_ref, rows_ref, q_ref, k_ref, v_ref, g_ref,
         v_ref[...] = conv(2 * dk + r * dv, dv)
         gate = kh * gw + gc + rep * dv + r
         b_in, a = y_ref[here, gate].astype(f32), y_ref[here, gate + rep].astype(f32)
-        p = p_ref[...].astype(f32)
-        lane = lax.broadcasted_iota(jnp.int32, (2,), 0)
-        a_log, dt_bias = (jnp.sum(jnp.where(lane == i, p, 0.0)) for i in range(2))
+        a_log, dt_bias = (jnp.sum(ref[...].astype(f32)) for ref in (alog_ref, dtb_ref))   # [1] blocks
         g_ref[...] = log_decay(a, a_log, dt_bias)
         beta_ref[...] = sigmoid(b_in)
 
@@ -102,7 +100,6 @@ def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: in
         y = jnp.pad(y, [(0, 0), (0, n_pad - n), (0, 0)])
         own = jnp.broadcast_to(kw - 1 + jnp.arange(n, n_pad, dtype=jnp.int32), (bsz, kw, n_pad - n))
         rows = jnp.concatenate([rows.astype(jnp.int32), own], 2)
-    pack = jnp.stack([A_log.astype(f32), dt_bias.astype(f32)], -1)                        # [Hv, 2]
     groups = rep + 2
 
     def out(head, *blk):
@@ -112,6 +109,8 @@ def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: in
                             lambda bi, gi, ti: (bi, ti, head(gi // groups, gi % groups)) + (0,) * len(blk))
 
     v_head = lambda kh, j: kh * rep + jnp.maximum(j - 2, 0)
+    # A_log and dt_bias [Hv] in their own dtype, one element a program: no stacked copy (an XLA kernel a layer).
+    head_param = pl.BlockSpec((1,), lambda bi, gi, ti: (v_head(gi // groups, gi % groups),))
     q, k, v, g, beta = pl.pallas_call(
         functools.partial(_kernel, dk=dk, dv=dv, rep=rep, gc=gc, gw=gw, kw=kw, n_pad=n_pad,
                           precision=lax.Precision.HIGHEST if y.dtype == f32 else lax.Precision.DEFAULT),
@@ -124,11 +123,11 @@ def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: in
         in_specs=[pl.BlockSpec((None, n_pad, y.shape[-1]), lambda bi, gi, ti: (bi, 0, 0)),
                   pl.BlockSpec((None, kw - 1, conv_w.shape[1]), lambda bi, gi, ti: (bi, 0, 0)),
                   pl.BlockSpec(conv_w.shape, lambda bi, gi, ti: (0, 0)),
-                  pl.BlockSpec((None, 2), lambda bi, gi, ti: (v_head(gi // groups, gi % groups), 0)),
+                  head_param, head_param,
                   pl.BlockSpec((None, kw, n_pad), lambda bi, gi, ti: (bi, 0, 0))],
         out_specs=[out(lambda kh, j: kh, dk), out(lambda kh, j: kh, dk), out(v_head, dv), out(v_head), out(v_head)],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps),
         interpret=interpret,
         name="gdn_tree_inputs",
-    )(y, history, conv_w, pack, rows.astype(jnp.int32))
+    )(y, history, conv_w, A_log, dt_bias, rows.astype(jnp.int32))
     return q[:, :n], k[:, :n], v[:, :n], g[:, :n], beta[:, :n]
