@@ -27,8 +27,6 @@ from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm import api as add_norm_api
 from pallas_kernels.gdn_decode import api as gdn_decode_api
 from pallas_kernels.gdn_decode import gdn_decode
-from pallas_kernels.gdn_gated_norm import api as gdn_gated_norm_api
-from pallas_kernels.gdn_gated_norm import gdn_gated_norm
 from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
@@ -267,9 +265,11 @@ class GatedDeltaNet(nnx.Module):
         cfg = self.cfg
         if x.shape[1] == 1 and gdn_decode_api.resolve() != "reference":
             return self.decode(x, history, s0, row_scale)
-        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        b, n, _ = x.shape
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         y = self.in_proj(x, row_scale)
-        conv_in = split_columns(cfg, "in_proj", y)[0]
+        conv_in, z, _, _ = split_columns(cfg, "in_proj", y)
+        z = z.reshape(b, n, hv, dv)
         # The conv along ancestors (node i's window: its ancestors at distance K-1, ..., 1, then itself; distances
         # past the root read the committed history of the last K-1 inputs), silu, l2 norms and gates, from y's
         # key-head groups (convert/keys.py `gdn_channel_order`: per key head h, q_h, k_h, then its value heads;
@@ -280,9 +280,9 @@ class GatedDeltaNet(nnx.Module):
         q, k, v, g, beta = _gdn_tree_inputs(y, history, self.conv1d[...], self.A_log[...], self.dt_bias[...],
                                             rows, dk=dk, dv=dv)
         o, delta, G, s_mid = delta_rule(q, k, v, g, beta, tree, s0)
-        # RMSNorm(o) * silu(z), z read from y's key-head groups (pallas_kernels/gdn_gated_norm; the norm's offset is 0).
-        out = _gdn_gated_norm(o, y, self.norm.weight[...], dk=dk, eps=self.norm.eps)
-        return self.out_proj(out), GDNPending(conv_in, k, delta, G, s_mid)
+        o = self.norm(o.astype(x.dtype))
+        o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
+        return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)
 
     def decode(self, x, history, s0, row_scale=None):
         """The one-token step through the fused kernel (pallas_kernels/gdn_decode: the GPU default,
@@ -334,15 +334,6 @@ def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
     if gdn_tree_inputs_api.resolve(y.shape[1], dk, dv) != "reference":
         return sharding.per_shard_gdn_tree_inputs(fn, y, history, conv_w, A_log, dt_bias, rows)
     return fn(y, history, conv_w, A_log, dt_bias, rows)
-
-
-def _gdn_gated_norm(o, y, norm_w, *, dk, eps):
-    """`gdn_gated_norm` (pallas_kernels/gdn_gated_norm); the Pallas kernel runs per shard under a mesh, the jnp
-    reference is partitioned by GSPMD like the rest of the model."""
-    fn = functools.partial(gdn_gated_norm, dk=dk, eps=eps)
-    if gdn_gated_norm_api.resolve(o.shape[-1]) != "reference":
-        return sharding.per_shard_gdn_gated_norm(fn, o, y, norm_w)
-    return fn(o, y, norm_w)
 
 
 def _tree_delta_rule(q, k, v, g, beta, anc, s0):

@@ -375,14 +375,6 @@ def per_shard_gdn_tree_inputs(fn, y, history, conv_w, A_log, dt_bias, rows):
                    (heads4, heads4, heads4, heads3, heads3))
 
 
-def per_shard_gdn_gated_norm(fn, o, y, norm_w):
-    """The GDN output gate (pallas_kernels/gdn_gated_norm: o [B,N,Hv,Dv] the tree delta rule's output; y [B,N,W]
-    the in_proj product; norm_w [Dv]) run per shard over (data: batch, model: GDN groups): a shard's value heads
-    are its key-head groups' (y's columns are stored per group). Returns [B,N,Hv Dv], split by heads."""
-    return _manual(fn, (o, y, norm_w), (P(DATA, None, MODEL, None), P(DATA, None, MODEL), P()),
-                   P(DATA, None, MODEL))
-
-
 def per_shard_attention(fn, q, keys, values, start, anc):
     """Tree attention (q [B,N,H,hd]; keys, values [B,L,KV,hd]; start [B]; anc [B,N,N]) run per shard over
     (data: batch, model: heads). A shard's query heads read exactly its own kv heads: both are split in

@@ -325,25 +325,21 @@ def test_embedding_lookup_reads_only_the_local_rows(target, tp, dp):
     assert not re.search(rf"\[{rows},{target.cfg.hidden_size}\]\S* all-gather", hlo), "the table is gathered"
 
 
-@pytest.mark.parametrize("flag", ["JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_TREE_ATTENTION", "JAXSPEC_GDN_TREE_INPUTS",
-                                  "JAXSPEC_GDN_GATED_NORM"])
+@pytest.mark.parametrize("flag", ["JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_TREE_ATTENTION", "JAXSPEC_GDN_TREE_INPUTS"])
 def test_pallas_kernel_runs_per_shard(request, monkeypatch, flag):
     """With a Pallas kernel selected, the sharded forward traces the kernel on per-shard shapes (1 of the
-    2 sequences, a quarter of the heads: of the query heads, of the GDN's key heads, of the in_proj
-    product's key-head groups, or of the GDN's value heads) through shard_map, and matches. The GDN tree
-    inputs and gated norm kernels take head dims of 16 or more (Triton's dot, power-of-two tiles), so they run
-    on a target with those."""
-    gdn16 = flag in ("JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_GDN_GATED_NORM")
+    2 sequences, a quarter of the heads: of the query heads, of the GDN's key heads, or of the in_proj
+    product's key-head groups) through shard_map, and matches. The GDN tree inputs kernel takes head dims of 16
+    or more (Triton's dot, power-of-two tiles), so it runs on a target with those."""
+    gdn16 = flag == "JAXSPEC_GDN_TREE_INPUTS"
     target = request.getfixturevalue("target_dk16" if gdn16 else "target")
-    from pallas_kernels.gdn_gated_norm import pallas_triton as gated_norm_kernel
     from pallas_kernels.gdn_tree_inputs import pallas_triton as inputs_kernel
     from pallas_kernels.tree_attention import pallas_triton as attention_kernel
     from pallas_kernels.tree_delta_rule import pallas_triton as delta_kernel
     monkeypatch.setenv(flag, "pallas_interpret")
     module, fn_name = {"JAXSPEC_TREE_ATTENTION": (attention_kernel, "tree_attention"),
                        "JAXSPEC_TREE_DELTA_RULE": (delta_kernel, "tree_delta_rule"),
-                       "JAXSPEC_GDN_TREE_INPUTS": (inputs_kernel, "gdn_tree_inputs"),
-                       "JAXSPEC_GDN_GATED_NORM": (gated_norm_kernel, "gdn_gated_norm")}[flag]
+                       "JAXSPEC_GDN_TREE_INPUTS": (inputs_kernel, "gdn_tree_inputs")}[flag]
     shapes, kernel = [], getattr(module, fn_name)
     monkeypatch.setattr(module, fn_name, lambda q, *a, **kw: shapes.append(q.shape) or kernel(q, *a, **kw))
     mesh = S.make_mesh(4, 2)
@@ -361,8 +357,7 @@ def test_pallas_kernel_runs_per_shard(request, monkeypatch, flag):
     assert "sdy.manual_computation" in hlo or "shard_map" in hlo
     cfg = target.cfg
     heads = {"JAXSPEC_TREE_ATTENTION": cfg.num_heads, "JAXSPEC_TREE_DELTA_RULE": cfg.linear_num_key_heads,
-             "JAXSPEC_GDN_TREE_INPUTS": cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads,
-             "JAXSPEC_GDN_GATED_NORM": cfg.linear_num_value_heads}[flag] // 4
+             "JAXSPEC_GDN_TREE_INPUTS": cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads}[flag] // 4
     assert shapes and {(s[0], s[2]) for s in shapes} == {(1, heads)}, shapes
     monkeypatch.delenv(flag)
     ref = forward(target, tokens, tr, init_state(target.cfg, b, 32))

@@ -70,19 +70,8 @@ def test_kernel_split_m(seed, n):
     it needs the Gram products ahead of the kernels."""
     args, _ = make_inputs(seed, Spec(2, n, 4, 16, 16, "tree", key_heads=2))
     assert_matches(interpret(*args, split_m=True), reference.tree_delta_rule(*args))
-    with pytest.raises(ValueError, match="split_m and gram_kernel need the Gram products"):
+    with pytest.raises(ValueError, match="split_m needs the Gram products"):
         interpret(*args, split_m=True, gram_inside=True)
-
-
-@pytest.mark.parametrize("n,split_m", [(16, False), (40, False), (65, True), (128, False)])
-def test_kernel_gram_kernel(seed, n, split_m):
-    """The Gram products from `_gram_kernel` (a program per tile of rows) equal XLA's, and the rule with them
-    equals the reference (grouped heads, trees, with M in prepare or in its own kernel); they are products ahead
-    of the kernels, so not with gram_inside."""
-    args, _ = make_inputs(seed, Spec(2, n, 4, 16, 16, "tree", key_heads=2))
-    assert_matches(interpret(*args, gram_kernel=True, split_m=split_m), reference.tree_delta_rule(*args))
-    with pytest.raises(ValueError, match="gram_kernel need the Gram products"):
-        interpret(*args, gram_kernel=True, gram_inside=True)
 
 
 def test_grouped_heads_equal_repeated_heads(seed):
@@ -238,14 +227,12 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-@pytest.mark.parametrize("n,split_m,gram_kernel", [(1, False, False), (65, False, False), (65, True, False),
-                                                   (65, False, True)])
+@pytest.mark.parametrize("n,split_m", [(1, False), (65, False), (65, True)])
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
-def test_triton_lowering(n, split_m, gram_kernel, precision):
+def test_triton_lowering(n, split_m, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
     two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five, with M in
-    prepare or in its own kernel, the Gram products from XLA or from their own kernel. (Compiling it needs the
-    GPU.)"""
+    prepare or in its own kernel. (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
     f32 = jnp.float32
@@ -254,11 +241,10 @@ def test_triton_lowering(n, split_m, gram_kernel, precision):
     shapes = (S((b, n, hk, dk), f32), S((b, n, hk, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, split_m=split_m,
-                                                          gram_kernel=gram_kernel))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, split_m=split_m))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    assert hlo.count("__gpu$xla.gpu.triton") == 2 + split_m + gram_kernel      # (gram +) prepare (+ mix) + apply
+    assert hlo.count("__gpu$xla.gpu.triton") == 2 + split_m      # prepare (+ mix) + apply
     assert "triangular_solve" not in hlo
 
 
@@ -326,15 +312,6 @@ def test_gpu_kernel_split_m(seed, n, shape):
     """M = P Tb in its own kernel (`split_m`), compiled, at the real shape."""
     args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_m=True))
-    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
-
-
-@on_gpu
-@pytest.mark.parametrize("n,shape", [(64, "chain"), (65, "tree")])
-def test_gpu_kernel_gram_kernel(seed, n, shape):
-    """The Gram products from their own kernel (`gram_kernel`), compiled, at the real shape."""
-    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, gram_kernel=True, gram_inside=False))
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 

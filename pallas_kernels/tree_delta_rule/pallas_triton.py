@@ -16,8 +16,9 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   FMA dots: at the real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a
   25.6 ms verify(65), bench/results/2026-11-30-h200-verify-profile). For a block of one tile (a DFlash
   block of 16) they are one small dot each inside `_prepare_kernel`, which saves the products' launches.
-  Opt-in `gram_kernel`: the products from `_gram_kernel` (a program per batch row, key head and tile of rows)
-  instead of XLA's dot, whose slice and transpose made them 11 us a layer at N = 64 (session 43).
+  A kernel of their own (a program per batch row, key head and tile of rows) was slower on the H200 than
+  XLA's dot with its slice and transpose (28.9 / 32.4 against 27.5 / 29.9 us a layer for the whole rule at
+  N = 64 / 65, bench/results/2026-12-04-h200-s44/tdr-gram/), and was removed.
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
   substitution, the diagonal tiles by forward substitution over their rows. Substitution, not a power series:
@@ -150,19 +151,6 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
                 m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
 
 
-def _gram_kernel(q_ref, k_ref, kk_ref, qk_ref, *, precision, nt):
-    """Per (batch row, key head, tile of rows): the tile's rows of K K^T and Q K^T, [T, N] each, a [T, T] dot per
-    tile of keys (opt-in `gram_kernel`: the Gram products in place of XLA's batched dot and the slice and
-    transpose it came with, 11 us a layer at N = 64, bench/results/2026-12-04-h200-s43/)."""
-    ri = pl.ds(pl.program_id(2) * TILE, TILE)
-    k_rows, q_rows = k_ref[ri, :], q_ref[ri, :]
-    for j in range(nt):
-        rj = pl.ds(j * TILE, TILE)
-        keys = k_ref[rj, :]
-        kk_ref[:, rj] = _dot(k_rows, keys, precision, trans_b=True)
-        qk_ref[:, rj] = _dot(q_rows, keys, precision, trans_b=True)
-
-
 def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
     """M_ij = sum_{j<=l<=i} P_il Tb_lj for one tile of rows i (a program per batch row, value head and row
     tile): the part of `_prepare_kernel` that needs no substitution, spread over the SMs instead of run in
@@ -225,9 +213,9 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "split_m", "gram_kernel"))
+                                             "gram_inside", "split_m"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, split_m=False, gram_kernel=False):
+                    precision="ieee", gram_inside=None, split_m=False):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -239,8 +227,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
     split_m: M = P Tb in `_mix_kernel`, a program per tile of rows, rather than in `_prepare`'s serial chain
-    (needs the Gram products ahead of the kernels: not with gram_inside). gram_kernel: the products ahead of the
-    kernels from `_gram_kernel` (a program per tile of rows) rather than XLA's batched dot.
+    (needs the Gram products ahead of the kernels: not with gram_inside).
     """
     b, n, h, dv = v.shape
     dk = q.shape[3]
@@ -251,10 +238,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
-    gram_inside = nt == 1 and not (split_m or gram_kernel) if gram_inside is None else gram_inside
-    if gram_inside and (split_m or gram_kernel):
-        raise ValueError("tree_delta_rule: split_m and gram_kernel need the Gram products ahead of the kernels "
-                         "(gram_inside=False)")
+    gram_inside = nt == 1 and not split_m if gram_inside is None else gram_inside
+    if gram_inside and split_m:
+        raise ValueError("tree_delta_rule: split_m needs the Gram products ahead of the kernels (gram_inside=False)")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -287,23 +273,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         # The Gram matrices K K^T and Q K^T per key head as batched XLA products (fp32, full precision)
         # ahead of the kernel, so that its serial chain of tiles loads one [T, T] tile per product instead
         # of streaming K and Q through its own FMA dots.
-        if gram_kernel:
-            strip = pl.BlockSpec((None, None, TILE, n_pad), lambda bi, hi, ti: (bi, hi, ti, 0))
-            heads = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ti: (bi, 0, hi, 0))
-            kk, qk = pl.pallas_call(
-                functools.partial(_gram_kernel, precision=prec, nt=nt),
-                out_shape=(jax.ShapeDtypeStruct((b, k.shape[2], n_pad, n_pad), f32),) * 2,
-                grid=(b, k.shape[2], nt),
-                in_specs=[heads, heads],
-                out_specs=[strip, strip],
-                compiler_params=params,
-                interpret=interpret,
-                name="tree_delta_rule_gram",
-            )(q, k)
-        else:
-            full = lax.Precision.HIGHEST
-            kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
-            qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
+        full = lax.Precision.HIGHEST
+        kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
+        qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
         gram_args, gram_specs = ((kk,), [key_gram]) if split_m else ((kk, qk), [key_gram, key_gram])
     square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
     outs = pl.pallas_call(
