@@ -30,6 +30,8 @@ from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
+from pallas_kernels.state_update import api as state_update_api
+from pallas_kernels.state_update import state_update
 from pallas_kernels.tree_delta_rule import resolve, state_at, states_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
@@ -535,8 +537,17 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
         h1 = jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype)
         conv.append(jnp.where(keep[:, None, None], h1, h0))
     ssm = []
-    if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
-        gdn = pending.gdn
+    gdn = pending.gdn
+    if gdn and state_update_api.resolve(*state.ssm[0].shape[2:]) != "reference":
+        # A kernel a layer (pallas_kernels/state_update; per shard under a mesh): S1 from the block's k, Delta, G
+        # and the last accepted node's ancestors, without forming every layer's update first. Rows that accepted
+        # nothing keep the state they had (the entering block's, for a chain of several blocks, is not it).
+        in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
+        anc_row = jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block                # [B,N]
+        held = lambda base, s0, p: jnp.where(keep[:, None, None, None], base, s0) if p.s_mid.shape[1] else base
+        ssm = [sharding.per_shard_state_update(state_update, held(base, s0, p), p.k, p.delta, p.G, anc_row, last,
+                                               keep) for base, s0, p in zip(bases, state.ssm, gdn)]
+    elif gdn:           # every GDN layer's state after the last accepted node, in one contraction
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
             nodes, anc_row = path, jnp.arange(reach)[None] < n[:, None]
         else:                                    # the last node's ancestors among all nodes (its block's, for a chain)
