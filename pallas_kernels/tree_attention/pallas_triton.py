@@ -54,8 +54,16 @@ def _online_update(carry, s, mask, v, key_ok, precision):
     return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
+def active_splits(start, splits, min_split_keys):
+    """How many of the S prefix splits a sequence with `start` committed keys uses: all S, or with
+    `min_split_keys` as many as give each at least that many keys (1 .. S)."""
+    if min_split_keys is None:
+        return splits
+    return jnp.clip(pl.cdiv(start, min_split_keys), 1, splits)
+
+
 def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n, splits, block_k,
-            length, precision):
+            length, precision, min_split_keys):
     split = pl.program_id(2)
     start = start_ref[()]
     bq, hd = q_ref.shape
@@ -77,8 +85,10 @@ def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n
     init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
             jnp.zeros((bq, hd), jnp.float32))
 
+    active = active_splits(start, splits, min_split_keys)
+
     def prefix():
-        chunk = pl.cdiv(pl.cdiv(start, splits), block_k) * block_k
+        chunk = pl.cdiv(pl.cdiv(start, active), block_k) * block_k
         lo = split * chunk
         hi = jnp.minimum(lo + chunk, start)
 
@@ -101,10 +111,31 @@ def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n
 
         return lax.fori_loop(0, pl.cdiv(n, block_k), body, init)
 
-    m, l, acc = lax.cond(split < splits, prefix, tree)
-    m_ref[...] = m
-    l_ref[...] = l
-    acc_ref[...] = acc
+    @pl.when((split < active) | (split == splits))      # unused splits write nothing (the combine skips them)
+    def _():
+        m, l, acc = lax.cond(split < splits, prefix, tree)
+        m_ref[...] = m
+        l_ref[...] = l
+        acc_ref[...] = acc
+
+
+def _combine_kernel(start_ref, m_ref, l_ref, acc_ref, out_ref, *, splits, min_split_keys):
+    """`_combine` for one row block, over the sequence's active prefix splits and the tree split only: the
+    partials of unused splits are neither written nor read."""
+    active = active_splits(start_ref[()], splits, min_split_keys)
+
+    def merge(carry, s):
+        m, l, acc = carry
+        m_s, l_s, acc_s = m_ref[s], l_ref[s], acc_ref[s]
+        m_new = jnp.maximum(m, m_s)
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        a, b = jnp.exp(m - m_safe), jnp.exp(m_s - m_safe)
+        return m_new, l * a + l_s * b, acc * a[:, None] + acc_s * b[:, None]
+
+    bq, hd = acc_ref.shape[1:]
+    init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32), jnp.zeros((bq, hd), jnp.float32))
+    m, l, acc = merge(lax.fori_loop(0, active, lambda s, c: merge(c, s), init), splits)
+    out_ref[...] = acc / jnp.where(l == 0, 1.0, l)[:, None]
 
 
 def _combine(m, l, acc):
@@ -156,12 +187,16 @@ def tiles(rows, hd, itemsize, num_stages=2, block_q=None, block_k=None, num_warp
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
-                                             "num_stages"))
+                                             "num_stages", "min_split_keys"))
 def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
-                   num_warps=None, num_stages=2):
+                   num_warps=None, num_stages=2, min_split_keys=None):
     """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
     >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
-    `default_splits`)."""
+    `default_splits`). min_split_keys (opt-in): a sequence uses only as many of the splits as give each at least
+    this many prefix keys, the others write nothing, and the partials are merged by `_combine_kernel` over the
+    used ones only. By default a 1K prefix spreads over ~33 splits of 32 keys, and their fp32 partials (17.8 MB a
+    layer at N = 16, 8x the KV bytes) are written and read back by the jnp combine (session 44's verify(16) HLO,
+    bench/results/2026-12-04-h200-s44/inputs-params/)."""
     b, n, h, hd = q.shape
     length, kvh = keys.shape[1], keys.shape[2]
     if not supports(q.shape, keys.shape):
@@ -189,7 +224,8 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     per_row = lambda *blk: pl.BlockSpec((None, None, None, block_q) + blk,
                                         lambda bi, ki, si, ri: (bi, ki, si, ri) + (0,) * len(blk))
     m, l, acc = pl.pallas_call(
-        functools.partial(_kernel, n=n, splits=splits, block_k=block_k, length=length, precision=precision),
+        functools.partial(_kernel, n=n, splits=splits, block_k=block_k, length=length, precision=precision,
+                          min_split_keys=min_split_keys),
         out_shape=(jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
                    jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
                    jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad, hd), f32)),
@@ -203,6 +239,21 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
         interpret=interpret,
         name="tree_attention",
     )(start.astype(jnp.int32), qr, keys, values, anc_rows)
-    out = _combine(m, l, acc)[:, :, :rows]                                              # [B, KV, R, hd]
+    if min_split_keys is None:
+        out = _combine(m, l, acc)
+    else:
+        part = lambda *blk: pl.BlockSpec((None, None, splits + 1, block_q) + blk,
+                                         lambda bi, ki, ri: (bi, ki, 0, ri) + (0,) * len(blk))
+        out = pl.pallas_call(
+            functools.partial(_combine_kernel, splits=splits, min_split_keys=min_split_keys),
+            out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, hd), f32),
+            grid=(b, kvh, row_blocks),
+            in_specs=[pl.BlockSpec((None,), lambda bi, ki, ri: (bi,)), part(), part(), part(hd)],
+            out_specs=pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, ri: (bi, ki, ri, 0)),
+            compiler_params=pltriton.CompilerParams(num_warps=4),
+            interpret=interpret,
+            name="tree_attention_combine",
+        )(start.astype(jnp.int32), m, l, acc)
+    out = out[:, :, :rows]                                                                # [B, KV, R, hd]
     out = out.reshape(b, kvh, n, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, n, h, hd)
     return out.astype(values.dtype)
