@@ -129,15 +129,44 @@ def test_runs_per_shard_under_a_mesh(seed, monkeypatch):
     assert rel_err(got, reference.state_update(*args)) < 1e-5
 
 
+def test_commit_through_the_kernel_equals_the_batched_product(tiny_hf, monkeypatch):
+    """jaxspec.model.commit with the kernel (interpreted) and with the batched product give the same GDN states
+    after a prefill-like chain of 160 tokens (three delta-rule blocks of 64), for rows whose last committed token
+    lies in the first, second and third block and a row that commits nothing: the kernel starts from the state
+    entering that block."""
+    from convert.hf import load_target
+    from jaxspec import model as M
+    from jaxspec import tree as trees
+
+    target = load_target(tiny_hf[0], dtype="float32")
+    b, p = 4, 160
+    tokens = jnp.asarray(np.random.RandomState(2).randint(0, 512, (b, p)))
+    tr = trees.chain(b, p)
+    state = M.init_state(target.cfg, b, 256)
+    _, _, new, pend = target(tokens, state, tr)
+    assert pend.gdn[0].s_mid.shape[1] == 2
+    path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    n = jnp.asarray([3, 70, 150, 0], jnp.int32)
+    monkeypatch.setenv(api.ENV_VAR, "reference")
+    want = M.commit(target.cfg, new, pend, tr, path, n)
+    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
+    got = M.commit(target.cfg, new, pend, tr, path, n)
+    for g, w, s0 in zip(got.ssm, want.ssm, new.ssm):
+        assert rel_err(g, w) < 1e-5
+        np.testing.assert_array_equal(np.asarray(g[3]), np.asarray(s0[3]))      # nothing committed
+        assert float(np.abs(np.asarray(g[1]) - np.asarray(s0[1])).max()) > 1e-3        # the update is not empty
+
+
 def test_engine_decodes_ar_tokens_with_the_kernel_interpreted(tiny_hf, monkeypatch):
     """The engine's commit through the kernel (interpreted, counted so a silent fallback fails): greedy AR and
-    an accepted chain of drafts decode the reference engine's tokens."""
+    an accepted chain of drafts decode the reference engine's tokens. The 150-token prompt is prefilled as a chain
+    of several delta-rule blocks (jaxspec.model.CHUNK = 64), so its commit starts from a later block's state."""
     from jaxspec.engine import Engine
     from convert.hf import load_target
     from oracle import OracleChain, reference as oracle_ref
 
     target = load_target(tiny_hf[0], dtype="float32")
-    prompts = [np.random.RandomState(5).randint(0, 512, size=n).tolist() for n in (4, 19)]
+    prompts = [np.random.RandomState(5).randint(0, 512, size=n).tolist() for n in (4, 19, 150)]
     monkeypatch.setenv(api.ENV_VAR, "reference")
     ar = Engine(target).generate(prompts, 9).tokens
     calls = []
