@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 44 (bench/results/2026-12-04-h200-s44/gdn-norm/): the kernel was slower than XLA and was removed, so
+# this script is the record of that call.
 # #6 (nvidia-h200, one call, ~6 min): the GDN output gate kernel (pallas_kernels/gdn_gated_norm), written in session 43
 # after its GPU time was spent; CPU-tested only (interpret mode, the Triton lowering for an abstract H200).
 # Session 43's verify(16) profile with the GDN tree inputs kernel on (bench/results/2026-12-04-h200-s43/

@@ -3,7 +3,7 @@
 # JAXSPEC_* flags, one lease, so that a kernel's default is judged on the whole round against its reference.
 #   OUT=... bash bench/next/k_rounds_ab.sh "SETTING" ["SETTING" ...]     (writes $OUT/rounds-ab.tgz)
 # A SETTING is a space-separated list of VAR=value ("" for the defaults), e.g.
-#   bash bench/next/k_rounds_ab.sh "JAXSPEC_GDN_GATED_NORM=reference" ""
+#   bash bench/next/k_rounds_ab.sh "JAXSPEC_GDN_TREE_INPUTS=reference" ""
 # PHASES (default dflash,ddtree; ar for the AR loop) and CONFIG (default real; tiny with JAX_PLATFORMS=cpu for a dry
 # run) are passed to bench.rounds. Each setting's JSON and log are named by its index: rounds-0.json, rounds-1.json...
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 44 (bench/results/2026-12-04-h200-s44/tdr-gram/): gram_kernel was slower than XLA and was removed, so
+# this script is the record of that call.
 # #6 (nvidia-h200, one call, ~3 min): the tree delta rule's Gram products from their own kernel (`gram_kernel`,
 # `_gram_kernel` in pallas_kernels/tree_delta_rule/pallas_triton.py), written in session 43 after its GPU time was
 # spent; CPU-tested only (interpret mode, the Triton lowering for an abstract H200).
