@@ -525,14 +525,13 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     hist = cfg.conv_kernel - 1
     win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
     win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
-    conv, bases, g_lasts = [], [], []
+    conv, bases = [], []
     for s0, h0, p in zip(state.ssm, state.conv, pending.gdn):
         base = s0
         if p.s_mid.shape[1]:
             mids = jnp.concatenate([s0[:, None], p.s_mid], 1)
             base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
         bases.append(base)
-        g_lasts.append(jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0])
         ext = jnp.concatenate([h0.astype(p.conv_in.dtype), p.conv_in], 1)
         h1 = jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype)
         conv.append(jnp.where(keep[:, None, None], h1, h0))
@@ -553,6 +552,7 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
         else:                                    # the last node's ancestors among all nodes (its block's, for a chain)
             in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
             nodes, anc_row = None, jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block  # [B,N]
+        g_lasts = [jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0] for p in gdn]
         s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
                         rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads, nodes=nodes)
         ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]
