@@ -11,6 +11,8 @@ equal S0 bit for bit.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,10 +64,11 @@ def test_reference_is_the_path_sum(seed, n, chain, heads):
 
 @pytest.mark.parametrize("n,chain", [(1, True), (5, False), (16, True), (17, False), (64, False), (65, False)])
 @pytest.mark.parametrize("heads", HEADS, ids=heads_id)
-def test_kernel_matches_reference(seed, n, chain, heads):
+@pytest.mark.parametrize("form", ["path", "dot"])
+def test_kernel_matches_reference(seed, n, chain, heads, form):
     args = make_inputs(seed, 3, n, **heads, chain=chain, keep=[True, False, True])
     ref = reference.state_update(*args)
-    out = pallas_triton.state_update(*args, interpret=True, block_dv=16)
+    out = pallas_triton.state_update(*args, interpret=True, block_dv=16, form=form)
     assert rel_err(out, ref) < 1e-5
     np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(args[0][1]))     # nothing accepted: S0 itself
     assert rel_err(out[0], args[0][0]) > 1e-2                                     # the update is not empty
@@ -185,9 +188,10 @@ def test_engine_decodes_ar_tokens_with_the_kernel_interpreted(tiny_hf, monkeypat
 
 @on_gpu
 @pytest.mark.parametrize("n,chain", [(16, True), (64, False), (65, False)])
-def test_gpu_kernel_matches_reference(seed, n, chain):
+@pytest.mark.parametrize("form", ["path", "dot"])
+def test_gpu_kernel_matches_reference(seed, n, chain, form):
     args = make_inputs(seed, 2, n, **REAL, chain=chain, keep=[True, False])
-    out = jax.jit(pallas_triton.state_update)(*args)
+    out = jax.jit(functools.partial(pallas_triton.state_update, form=form))(*args)
     assert rel_err(out, jax.jit(reference.state_update)(*args)) < 1e-5
     np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(args[0][1]))
 

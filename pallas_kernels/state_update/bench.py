@@ -13,6 +13,8 @@ each value compares the two inside the model.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from bench.harness import layer_bench
@@ -23,6 +25,11 @@ def main(argv=None):
     impls = {"reference": reference.state_update}
     if jax.default_backend() == "gpu":
         impls["pallas_triton"] = pallas_triton.state_update
+        # session 45's sweep: the path form's tile and warps, and the dot form (session 44's first kernel)
+        for form, block_dv, num_warps in (("path", 32, 4), ("path", 128, 4), ("path", 64, 8), ("path", 128, 8),
+                                          ("dot", 64, 4), ("dot", 32, 8)):
+            impls[f"{form}/v{block_dv}/w{num_warps}"] = functools.partial(
+                pallas_triton.state_update, form=form, block_dv=block_dv, num_warps=num_warps)
 
     def stack_for(n, layers):
         return [arg_specs.make_inputs(i, 1, n, **arg_specs.REAL, chain=n == 16) for i in range(layers)]

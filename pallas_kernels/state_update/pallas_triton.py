@@ -50,16 +50,35 @@ def _kernel(s0_ref, k_ref, d_ref, G_ref, anc_ref, last_ref, keep_ref, out_ref, *
     out_ref[...] = jnp.where(keep, jnp.exp(G_a), 1.0) * s0_ref[...] + u
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "num_warps"))
-def state_update(s0, k, delta, G, anc_row, last, keep, *, interpret=False, block_dv=64, num_warps=4):
+def _path_kernel(s0_ref, k_ref, d_ref, G_ref, idx_ref, count_ref, last_ref, keep_ref, out_ref):
+    """The path form: a loop over the accepted path's nodes only (idx_ref holds them first, count_ref how many),
+    one rank-1 update e^{G_a - G_j} k_j Delta_j^T each, in fp32 FMAs. A chain of 16 or a tree's path of depth d
+    costs d updates, where the dot form contracts over all N nodes."""
+    last = jnp.sum(last_ref[...])
+    keep = jnp.sum(keep_ref[...]) > 0
+    G_a = G_ref[last]
+
+    def body(i, acc):
+        j = idx_ref[i]
+        w = jnp.exp(G_a - G_ref[j])
+        return acc + (w * k_ref[j, :])[:, None] * d_ref[j, :][None, :]
+
+    init = jnp.where(keep, jnp.exp(G_a), 1.0) * s0_ref[...]
+    out_ref[...] = lax.fori_loop(0, jnp.where(keep, jnp.sum(count_ref[...]), 0), body, init)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "num_warps", "form"))
+def state_update(s0, k, delta, G, anc_row, last, keep, *, interpret=False, block_dv=64, num_warps=4, form="path"):
     """Same contract as reference.state_update. block_dv: value columns per program (a power of two >= 16,
-    clipped to Dv)."""
+    clipped to Dv). form: "path" (a rank-1 update per accepted node) or "dot" (one contraction over all N)."""
     check(s0, k, delta, G, anc_row, last, keep)
     b, h, dk, dv = s0.shape
     n, hk = G.shape[1], k.shape[2]
     rep = h // hk
     if not supports(dk, dv):
         raise ValueError(f"state_update kernel takes power-of-two head dims >= 16, got Dk={dk}, Dv={dv}")
+    if form not in ("path", "dot"):
+        raise ValueError(f"state_update: form must be 'path' or 'dot', got {form!r}")
     if block_dv < 16 or block_dv & (block_dv - 1):
         raise ValueError(f"state_update: block_dv must be a power of two >= 16, got {block_dv}")
     bdv = min(block_dv, dv)
@@ -74,19 +93,25 @@ def state_update(s0, k, delta, G, anc_row, last, keep, *, interpret=False, block
         anc = jnp.pad(anc, [(0, 0), (0, pad)])
     row = lambda: pl.BlockSpec((1,), lambda bi, hi, vi: (bi,))
     tile = pl.BlockSpec((None, None, dk, bdv), lambda bi, hi, vi: (bi, hi, 0, vi))
+    nodes = [pl.BlockSpec((None, n_pad, None, dk), lambda bi, hi, vi: (bi, 0, hi // rep, 0)),
+             pl.BlockSpec((None, n_pad, None, bdv), lambda bi, hi, vi: (bi, 0, hi, vi)),
+             pl.BlockSpec((None, n_pad, None), lambda bi, hi, vi: (bi, 0, hi))]
+    if form == "dot":
+        kernel = functools.partial(_kernel, n_pad=n_pad, precision=lax.Precision.HIGHEST)
+        per_row = [pl.BlockSpec((None, n_pad), lambda bi, hi, vi: (bi, 0))]
+        extra = (anc,)
+    else:   # the path's nodes first, in order (a stable sort of "not an ancestor"), and their count
+        kernel = _path_kernel
+        on = anc > 0
+        per_row = [pl.BlockSpec((None, n_pad), lambda bi, hi, vi: (bi, 0)), row()]
+        extra = (jnp.argsort(~on, axis=1, stable=True).astype(i32), jnp.sum(on, axis=1, dtype=i32))
     return pl.pallas_call(
-        functools.partial(_kernel, n_pad=n_pad,
-                          precision=lax.Precision.HIGHEST),
+        kernel,
         out_shape=jax.ShapeDtypeStruct((b, h, dk, dv), f32),
         grid=(b, h, dv // bdv),
-        in_specs=[tile,
-                  pl.BlockSpec((None, n_pad, None, dk), lambda bi, hi, vi: (bi, 0, hi // rep, 0)),
-                  pl.BlockSpec((None, n_pad, None, bdv), lambda bi, hi, vi: (bi, 0, hi, vi)),
-                  pl.BlockSpec((None, n_pad, None), lambda bi, hi, vi: (bi, 0, hi)),
-                  pl.BlockSpec((None, n_pad), lambda bi, hi, vi: (bi, 0)),
-                  row(), row()],
+        in_specs=[tile, *nodes, *per_row, row(), row()],
         out_specs=tile,
         compiler_params=pltriton.CompilerParams(num_warps=num_warps),
         interpret=interpret,
         name="state_update",
-    )(s0.astype(f32), k, delta, G, anc, last.astype(i32), keep.astype(i32))
+    )(s0.astype(f32), k, delta, G, *extra, last.astype(i32), keep.astype(i32))

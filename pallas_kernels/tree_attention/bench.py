@@ -5,8 +5,9 @@
 For each committed prefix (1K, 32K, 128K tokens) and tree size N (1, 16, 65): one jit applies the op to
 `--layers` distinct caches in sequence (each layer's queries depend on the previous output, so nothing
 is hoisted; distinct caches, so L2 does not serve a second read), cache length L = 2 * prefix + N
-(the op must read only the first start + N slots). Reported per layer: time, the KV bytes it must
-read (2 * (start + N) * KV * hd * 2 B) over that time, and that rate as a fraction of a measured
+(the op must read only the first start + N slots). Reported per layer: time (synchronised calls, and on the
+device: the kernels' summed durations in a trace, since session 45; at a 1K prefix the synchronised time is
+mostly the host's), the KV bytes it must read (2 * (start + N) * KV * hd * 2 B) over the device time, and that rate as a fraction of a measured
 device copy (read + write bytes / time of x + 1 over 1 GiB). `--sweep` adds the kernel's tile and
 warp variants at N = 65; `--splits 4,8,16` the kernel with those numbers of prefix splits at every size (the
 default spreads even a 1K prefix over ~33 splits of 32 keys, whose fp32 partials the combine then reads);
@@ -17,24 +18,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from bench.harness import measure_copy, write_results
+from bench.harness import measure_copy, time_kernel, write_results
 from pallas_kernels.tree_attention import arg_specs, pallas_triton, reference
-
-
-def timed(fn, *args, iters):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def copy_bandwidth(iters):
@@ -114,23 +103,23 @@ def main(argv=None):
                 if name == "reference" and a.no_reference:
                     continue
                 run = stacked(fn, a.layers)
-                t0 = time.perf_counter()
                 try:
-                    out = jax.block_until_ready(run(q, caches, start, anc))
+                    t = time_kernel(lambda: run(q, caches, start, anc), a.iters)
                 except Exception as e:  # a variant that does not compile is a result, not a crash
                     print(f"prefix {prefix:6d} N={n:4d} {name:32s} failed: {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:100]}", flush=True)
                     rows.append(dict(prefix=prefix, n=n, impl=name, error=str(e)[:500]))
                     continue
-                compile_s = time.perf_counter() - t0
-                t = timed(run, q, caches, start, anc, iters=a.iters) / a.layers
-                bw = kv_bytes / t
-                rows.append(dict(prefix=prefix, n=n, impl=name, us_per_layer=t * 1e6, kv_bytes=kv_bytes,
-                                 bytes_per_s=bw, frac_of_copy=bw / copy_bw, flops=flops, flop_s=flops / t,
-                                 compile_s=compile_s,
-                                 finite=bool(jnp.isfinite(out.astype(jnp.float32)).all())))
-                print(f"prefix {prefix:6d} N={n:4d} {name:32s} {t * 1e6:9.1f} us/layer  {bw / 1e12:5.2f} TB/s "
-                      f"({bw / copy_bw:5.1%} of copy)  compile {compile_s:.1f} s", flush=True)
+                wall, dev = t["wall_s"] / a.layers, t["device_s"] / a.layers
+                bw = kv_bytes / dev
+                rows.append(dict(prefix=prefix, n=n, impl=name, us_per_layer=wall * 1e6,
+                                 device_us_per_layer=dev * 1e6, kv_bytes=kv_bytes, bytes_per_s=bw,
+                                 frac_of_copy=bw / copy_bw, flops=flops, flop_s=flops / dev,
+                                 compile_s=t["compile_s"],
+                                 finite=bool(jnp.isfinite(t["out"].astype(jnp.float32)).all())))
+                print(f"prefix {prefix:6d} N={n:4d} {name:32s} {wall * 1e6:9.1f} us/layer (device {dev * 1e6:7.1f})"
+                      f"  {bw / 1e12:5.2f} TB/s on the device ({bw / copy_bw:5.1%} of copy)  "
+                      f"compile {t['compile_s']:.1f} s", flush=True)
             del caches
     if a.json:
         write_results(a.json, rows, batch=a.batch, layers=a.layers, copy_bytes_per_s=copy_bw)

@@ -152,6 +152,10 @@ def default_splits(batch, kv_heads, row_blocks, length, block_k):
     return int(max(1, min(want, 64, length // block_k)))
 
 
+# The combine kernel's block: rows x columns of the output a program merges (session 45: one program per kv
+# head and 64-row block, 8 at N = 16, made min_split_keys 50% slower than the jnp combine at 32K).
+COMBINE_ROWS, COMBINE_COLS = 16, 64
+
 # Shared memory one block may take on an H200 (Triton reports requests against this number).
 SMEM_LIMIT = 232448
 
@@ -241,15 +245,16 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     )(start.astype(jnp.int32), qr, keys, values, anc_rows)
     if min_split_keys is None:
         out = _combine(m, l, acc)
-    else:
-        part = lambda *blk: pl.BlockSpec((None, None, splits + 1, block_q) + blk,
-                                         lambda bi, ki, ri: (bi, ki, 0, ri) + (0,) * len(blk))
+    else:   # a program per (16 rows, 64 columns): one per kv head and row block left most SMs idle
+        cq, ch = min(COMBINE_ROWS, block_q), min(COMBINE_COLS, hd)
+        part = lambda *blk: pl.BlockSpec((None, None, splits + 1, cq) + blk[:1],
+                                         lambda bi, ki, ri, ci: (bi, ki, 0, ri) + (ci,) * len(blk))
         out = pl.pallas_call(
             functools.partial(_combine_kernel, splits=splits, min_split_keys=min_split_keys),
             out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, hd), f32),
-            grid=(b, kvh, row_blocks),
-            in_specs=[pl.BlockSpec((None,), lambda bi, ki, ri: (bi,)), part(), part(), part(hd)],
-            out_specs=pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, ri: (bi, ki, ri, 0)),
+            grid=(b, kvh, r_pad // cq, hd // ch),
+            in_specs=[pl.BlockSpec((None,), lambda bi, ki, ri, ci: (bi,)), part(), part(), part(ch)],
+            out_specs=pl.BlockSpec((None, None, cq, ch), lambda bi, ki, ri, ci: (bi, ki, ri, ci)),
             compiler_params=pltriton.CompilerParams(num_warps=4),
             interpret=interpret,
             name="tree_attention_combine",
