@@ -153,6 +153,25 @@ def test_dispatch(monkeypatch, seed):
                    reference.tree_attention(*args), 1e-6)
 
 
+def test_min_split_keys_from_the_environment(monkeypatch, seed):
+    """JAXSPEC_TREE_ATTENTION_MIN_SPLIT_KEYS reaches the kernel's keyword (its output still the reference's);
+    a value that is not a positive integer is refused, naming the variable."""
+    monkeypatch.delenv(api.MIN_SPLIT_KEYS_VAR, raising=False)
+    assert api.min_split_keys() is None
+    seen = []
+    kernel = pallas_triton.tree_attention
+    monkeypatch.setattr(pallas_triton, "tree_attention", lambda *a, **kw: seen.append(kw) or kernel(*a, **kw))
+    monkeypatch.setenv(api.MIN_SPLIT_KEYS_VAR, "64")
+    args = make_inputs(seed, Spec(2, 5, 300, 4, 2, 16))
+    assert_matches(api.tree_attention(*args, implementation="pallas_interpret"), reference.tree_attention(*args),
+                   BOUND["float32"])
+    assert seen == [dict(interpret=True, min_split_keys=64)]
+    for bad in ("0", "-3", "256k"):
+        monkeypatch.setenv(api.MIN_SPLIT_KEYS_VAR, bad)
+        with pytest.raises(ValueError, match=api.MIN_SPLIT_KEYS_VAR):
+            api.min_split_keys()
+
+
 def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     """jaxspec/model.py's Attention calls the op: forced to the kernel through the environment, a tree
     verify over a committed prefix gives the reference's output and cache."""
