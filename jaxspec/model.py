@@ -30,8 +30,6 @@ from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
-from pallas_kernels.state_update import api as state_update_api
-from pallas_kernels.state_update import state_update
 from pallas_kernels.tree_delta_rule import resolve, state_at, states_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
@@ -525,34 +523,25 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
     hist = cfg.conv_kernel - 1
     win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
     win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
-    conv, bases = [], []
+    conv, bases, g_lasts = [], [], []
     for s0, h0, p in zip(state.ssm, state.conv, pending.gdn):
         base = s0
         if p.s_mid.shape[1]:
             mids = jnp.concatenate([s0[:, None], p.s_mid], 1)
             base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
         bases.append(base)
+        g_lasts.append(jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0])
         ext = jnp.concatenate([h0.astype(p.conv_in.dtype), p.conv_in], 1)
         h1 = jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype)
         conv.append(jnp.where(keep[:, None, None], h1, h0))
     ssm = []
-    gdn = pending.gdn
-    if gdn and state_update_api.resolve(*state.ssm[0].shape[2:]) != "reference":
-        # A kernel a layer (pallas_kernels/state_update; per shard under a mesh): S1 from the block's k, Delta, G
-        # and the last accepted node's ancestors, without forming every layer's update first. Rows that accepted
-        # nothing keep the state they had (the entering block's, for a chain of several blocks, is not it).
-        in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
-        anc_row = jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block                # [B,N]
-        held = lambda base, s0, p: jnp.where(keep[:, None, None, None], base, s0) if p.s_mid.shape[1] else base
-        ssm = [sharding.per_shard_state_update(state_update, held(base, s0, p), p.k, p.delta, p.G, anc_row, last,
-                                               keep) for base, s0, p in zip(bases, state.ssm, gdn)]
-    elif gdn:           # every GDN layer's state after the last accepted node, in one contraction
+    if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
+        gdn = pending.gdn
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
             nodes, anc_row = path, jnp.arange(reach)[None] < n[:, None]
         else:                                    # the last node's ancestors among all nodes (its block's, for a chain)
             in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
             nodes, anc_row = None, jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block  # [B,N]
-        g_lasts = [jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0] for p in gdn]
         s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
                         rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads, nodes=nodes)
         ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]

@@ -375,15 +375,6 @@ def per_shard_gdn_tree_inputs(fn, y, history, conv_w, A_log, dt_bias, rows):
                    (heads4, heads4, heads4, heads3, heads3))
 
 
-def per_shard_state_update(fn, s0, k, delta, G, anc_row, last, keep):
-    """The commit's GDN state update of one layer (pallas_kernels/state_update: s0 [B,H,Dk,Dv]; k [B,N,Hk,Dk];
-    delta [B,N,H,Dv]; G [B,N,H]; anc_row [B,N]; last, keep [B]) run per shard over (data: batch, model: heads): a
-    shard's value heads read its own key heads (both split in contiguous blocks). Returns S1, split as s0."""
-    heads4, heads3, heads_first = P(DATA, None, MODEL, None), P(DATA, None, MODEL), P(DATA, MODEL)
-    return _manual(fn, (s0, k, delta, G, anc_row, last, keep),
-                   (heads_first, heads4, heads4, heads3, P(DATA), P(DATA), P(DATA)), heads_first)
-
-
 def per_shard_attention(fn, q, keys, values, start, anc):
     """Tree attention (q [B,N,H,hd]; keys, values [B,L,KV,hd]; start [B]; anc [B,N,N]) run per shard over
     (data: batch, model: heads). A shard's query heads read exactly its own kv heads: both are split in

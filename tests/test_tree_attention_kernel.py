@@ -11,8 +11,6 @@ Errors are max |x - ref| / max |ref| over the whole output: bound 1e-4 for fp32 
 from __future__ import annotations
 
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,24 +58,6 @@ def test_kernel_long_prefix_many_splits(seed, shape):
     """A prefix over 5 splits of several tiles each; the other sequence's prefix is shorter."""
     args = make_inputs(seed, Spec(2, 9, 1000, 4, 2, 16, shape=shape))
     assert_matches(interpret(*args, block_k=16, splits=5), reference.tree_attention(*args), BOUND["float32"])
-
-
-@pytest.mark.parametrize("n,prefix,splits,min_keys", [(1, 150, 6, 32), (16, 1000, 5, 64), (9, 40, 4, 16),
-                                                      (65, 300, None, 64), (5, 0, 3, 16), (17, 2000, 8, 4096)])
-def test_kernel_min_split_keys(seed, n, prefix, splits, min_keys):
-    """With min_split_keys each sequence (ragged prefixes, an empty one, one shorter than a split) uses only as
-    many splits as give each that many keys, and the combine kernel merges those and the tree's; both still
-    equal the reference."""
-    args = make_inputs(seed, Spec(3, n, prefix, 6, 2, 32))
-    out = interpret(*args, block_k=16, splits=splits, min_split_keys=min_keys)
-    assert_matches(out, reference.tree_attention(*args), BOUND["float32"])
-
-
-def test_active_splits():
-    """How many splits a prefix uses: all of them by default; with min_split_keys, at least 1 and at most S."""
-    start = jnp.asarray([0, 1, 255, 256, 257, 1024, 40000])
-    np.testing.assert_array_equal(pallas_triton.active_splits(start, 33, 256), [1, 1, 1, 1, 2, 4, 33])
-    assert pallas_triton.active_splits(start, 33, None) == 33
 
 
 @pytest.mark.parametrize("n", [257, 1025])
@@ -153,25 +133,6 @@ def test_dispatch(monkeypatch, seed):
                    reference.tree_attention(*args), 1e-6)
 
 
-def test_min_split_keys_from_the_environment(monkeypatch, seed):
-    """JAXSPEC_TREE_ATTENTION_MIN_SPLIT_KEYS reaches the kernel's keyword (its output still the reference's);
-    a value that is not a positive integer is refused, naming the variable."""
-    monkeypatch.delenv(api.MIN_SPLIT_KEYS_VAR, raising=False)
-    assert api.min_split_keys() is None
-    seen = []
-    kernel = pallas_triton.tree_attention
-    monkeypatch.setattr(pallas_triton, "tree_attention", lambda *a, **kw: seen.append(kw) or kernel(*a, **kw))
-    monkeypatch.setenv(api.MIN_SPLIT_KEYS_VAR, "64")
-    args = make_inputs(seed, Spec(2, 5, 300, 4, 2, 16))
-    assert_matches(api.tree_attention(*args, implementation="pallas_interpret"), reference.tree_attention(*args),
-                   BOUND["float32"])
-    assert seen == [dict(interpret=True, min_split_keys=64)]
-    for bad in ("0", "-3", "256k"):
-        monkeypatch.setenv(api.MIN_SPLIT_KEYS_VAR, bad)
-        with pytest.raises(ValueError, match=api.MIN_SPLIT_KEYS_VAR):
-            api.min_split_keys()
-
-
 def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     """jaxspec/model.py's Attention calls the op: forced to the kernel through the environment, a tree
     verify over a committed prefix gives the reference's output and cache."""
@@ -214,10 +175,7 @@ def test_triton_lowering(n, dtype):
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = jax.jit(pallas_triton.tree_attention).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-        dyn = jax.jit(functools.partial(pallas_triton.tree_attention, min_split_keys=256))
-        hlo_dyn = dyn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert hlo.count("__gpu$xla.gpu.triton") == 1
-    assert hlo_dyn.count("__gpu$xla.gpu.triton") == 2               # the kernel and the combine kernel
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -237,13 +195,6 @@ def _gpu_check(seed, spec, **kw):
 def test_gpu_real_shape_32k(seed, n, dtype):
     """24 q / 4 kv heads of 256 over a 32K prefix (ragged batch of 2), random trees."""
     _gpu_check(seed, Spec(2, n, 32768, dtype=dtype))
-
-
-@on_gpu
-@pytest.mark.parametrize("n,prefix", [(16, 1024), (65, 1024), (16, 32768), (3, 0)])
-def test_gpu_min_split_keys(seed, n, prefix):
-    """min_split_keys=256 (the used splits and the combine kernel), compiled, at the real head shape, bf16."""
-    _gpu_check(seed, Spec(2, n, prefix, dtype="bfloat16"), min_split_keys=256)
 
 
 @on_gpu
@@ -324,11 +275,9 @@ def test_bench_reports_bytes_and_flops(tmp_path):
 
 
 def test_bench_split_variants():
-    """`--splits 4,8` / `--min-split-keys 256`: the kernel with those prefix splits / that opt-in beside the
-    default, at every size, on a GPU only."""
+    """`--splits 4,8`: the kernel with those prefix splits beside the default, at every size, on a GPU only."""
     from pallas_kernels.tree_attention import bench
-    impls = bench.implementations(False, True, 16, [4, 8], [256])
-    assert list(impls) == ["reference", "pallas_triton", "pallas_triton/s4", "pallas_triton/s8", "pallas_triton/min256"]
+    impls = bench.implementations(False, True, 16, [4, 8])
+    assert list(impls) == ["reference", "pallas_triton", "pallas_triton/s4", "pallas_triton/s8"]
     assert impls["pallas_triton/s8"].keywords == {"splits": 8}
-    assert impls["pallas_triton/min256"].keywords == {"min_split_keys": 256}
     assert list(bench.implementations(False, False, 16, [4])) == ["reference"]

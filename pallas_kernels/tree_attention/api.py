@@ -11,21 +11,14 @@ caller is traced, so it reaches jaxspec/model.py, which passes no argument); els
 (its 16 GPU tests passed on the H200: bench/results/2026-11-29-h200x2-kernel-gpu-tests.log) and the
 reference elsewhere. Under a tensor-parallel mesh it runs per shard (jaxspec/sharding.py). Shapes the kernel does not take
 (head_dim not a power of two >= 16, a cache shorter than 16 slots) run the reference.
-
-JAXSPEC_TREE_ATTENTION_MIN_SPLIT_KEYS (an integer, read when traced; unset by default) passes the kernel's
-`min_split_keys`: each sequence uses only the prefix splits that get that many keys, merged by the combine
-kernel (see pallas_triton.tree_attention).
 """
 
 from __future__ import annotations
-
-import os
 
 from pallas_kernels import dispatch
 from pallas_kernels.tree_attention import pallas_triton, reference
 
 ENV_VAR = "JAXSPEC_TREE_ATTENTION"
-MIN_SPLIT_KEYS_VAR = "JAXSPEC_TREE_ATTENTION_MIN_SPLIT_KEYS"
 IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
 
 
@@ -33,16 +26,6 @@ def resolve(implementation: str | None = None) -> str:
     """The implementation that `tree_attention` runs."""
     default = "pallas_triton" if dispatch.on_gpu() else "reference"
     return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
-
-
-def min_split_keys() -> int | None:
-    """The kernel's min_split_keys from JAXSPEC_TREE_ATTENTION_MIN_SPLIT_KEYS (None when unset or empty)."""
-    text = os.environ.get(MIN_SPLIT_KEYS_VAR, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{MIN_SPLIT_KEYS_VAR}={text!r}: expected a positive integer (keys a prefix split gets)")
-    return int(text)
 
 
 def tree_attention(q, keys, values, start, anc, *, implementation: str | None = None):
@@ -56,6 +39,5 @@ def tree_attention(q, keys, values, start, anc, *, implementation: str | None = 
     name = resolve(implementation)
     args = (q, keys, values, start, anc)
     if name != "reference" and pallas_triton.supports(q.shape, keys.shape):
-        return pallas_triton.tree_attention(*args, interpret=name == "pallas_interpret",
-                                            min_split_keys=min_split_keys())
+        return pallas_triton.tree_attention(*args, interpret=name == "pallas_interpret")
     return reference.tree_attention(*args)

@@ -7,11 +7,10 @@ For each committed prefix (1K, 32K, 128K tokens) and tree size N (1, 16, 65): on
 is hoisted; distinct caches, so L2 does not serve a second read), cache length L = 2 * prefix + N
 (the op must read only the first start + N slots). Reported per layer: time (synchronised calls, and on the
 device: the kernels' summed durations in a trace, since session 45; at a 1K prefix the synchronised time is
-mostly the host's), the KV bytes it must read (2 * (start + N) * KV * hd * 2 B) over the device time, and that rate as a fraction of a measured
-device copy (read + write bytes / time of x + 1 over 1 GiB). `--sweep` adds the kernel's tile and
+mostly the host's), the KV bytes it must read (2 * (start + N) * KV * hd * 2 B) over the device time, and that
+rate as a fraction of a measured device copy (read + write bytes / time of x + 1 over 1 GiB). `--sweep` adds the kernel's tile and
 warp variants at N = 65; `--splits 4,8,16` the kernel with those numbers of prefix splits at every size (the
-default spreads even a 1K prefix over ~33 splits of 32 keys, whose fp32 partials the combine then reads);
-`--min-split-keys 256` the kernel with that opt-in (the used splits only, and the combine kernel).
+default spreads even a 1K prefix over ~33 splits of 32 keys, whose fp32 partials the combine then reads).
 """
 
 from __future__ import annotations
@@ -35,15 +34,13 @@ def copy_bandwidth(iters):
     return measure_copy(gib, iters)["tb_s"] * 1e12
 
 
-def implementations(sweep: bool, on_gpu: bool, n: int, splits=(), min_split_keys=()):
+def implementations(sweep: bool, on_gpu: bool, n: int, splits=()):
     impls = {"reference": reference.tree_attention}
     if not on_gpu:
         return impls
     impls["pallas_triton"] = pallas_triton.tree_attention
     for s in splits:
         impls[f"pallas_triton/s{s}"] = functools.partial(pallas_triton.tree_attention, splits=s)
-    for k in min_split_keys:
-        impls[f"pallas_triton/min{k}"] = functools.partial(pallas_triton.tree_attention, min_split_keys=k)
     if sweep and n == 65:
         for block_q in (16, 32, 64, 128):
             for block_k, num_warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
@@ -76,9 +73,6 @@ def main(argv=None):
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--splits", default="", help="comma-separated split counts to time beside the default "
                    "(default_splits), at every prefix and size: the kernel's partials and the jnp combine included")
-    p.add_argument("--min-split-keys", default="", help="comma-separated min_split_keys values to time beside the "
-                   "default: each sequence uses only the splits that get that many prefix keys, and the combine "
-                   "kernel merges those")
     p.add_argument("--json")
     a = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
@@ -99,7 +93,7 @@ def main(argv=None):
             # the two products (scores, weighted values) over every key the kernel reads, masked ones included
             flops = 4 * a.batch * n * h * (prefix + n) * hd
             ints = lambda text: [int(x) for x in text.split(",") if x]
-            for name, fn in implementations(a.sweep, on_gpu, n, ints(a.splits), ints(a.min_split_keys)).items():
+            for name, fn in implementations(a.sweep, on_gpu, n, ints(a.splits)).items():
                 if name == "reference" and a.no_reference:
                     continue
                 run = stacked(fn, a.layers)

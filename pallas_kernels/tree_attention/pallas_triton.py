@@ -54,16 +54,8 @@ def _online_update(carry, s, mask, v, key_ok, precision):
     return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
-def active_splits(start, splits, min_split_keys):
-    """How many of the S prefix splits a sequence with `start` committed keys uses: all S, or with
-    `min_split_keys` as many as give each at least that many keys (1 .. S)."""
-    if min_split_keys is None:
-        return splits
-    return jnp.clip(pl.cdiv(start, min_split_keys), 1, splits)
-
-
 def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n, splits, block_k,
-            length, precision, min_split_keys):
+            length, precision):
     split = pl.program_id(2)
     start = start_ref[()]
     bq, hd = q_ref.shape
@@ -85,10 +77,8 @@ def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n
     init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32),
             jnp.zeros((bq, hd), jnp.float32))
 
-    active = active_splits(start, splits, min_split_keys)
-
     def prefix():
-        chunk = pl.cdiv(pl.cdiv(start, active), block_k) * block_k
+        chunk = pl.cdiv(pl.cdiv(start, splits), block_k) * block_k
         lo = split * chunk
         hi = jnp.minimum(lo + chunk, start)
 
@@ -111,30 +101,10 @@ def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n
 
         return lax.fori_loop(0, pl.cdiv(n, block_k), body, init)
 
-    @pl.when((split < active) | (split == splits))      # unused splits write nothing (the combine skips them)
-    def _():
-        m, l, acc = lax.cond(split < splits, prefix, tree)
-        m_ref[...] = m
-        l_ref[...] = l
-        acc_ref[...] = acc
-
-
-def _combine_kernel(start_ref, m_ref, l_ref, acc_ref, out_ref, *, splits, min_split_keys):
-    """`_combine` for one block of rows x columns, over the sequence's active prefix splits and the tree split
-    (index `splits`) only. The split axis is padded to a power of two; all splits are loaded at once, masked, so
-    the partials of unused splits are neither written nor read (session 45: a loop over the splits, one load
-    after another, took ~0.6 us a split on the H200)."""
-    active = active_splits(start_ref[()], splits, min_split_keys)
-    p, bq, hd = acc_ref.shape
-    split = lax.broadcasted_iota(jnp.int32, (p, bq), 0)
-    ok = (split < active) | (split == splits)
-    m = pltriton.load(m_ref, mask=ok, other=-jnp.inf)
-    l = pltriton.load(l_ref, mask=ok, other=0.0)
-    acc = pltriton.load(acc_ref, mask=jnp.broadcast_to(ok[:, :, None], (p, bq, hd)), other=0.0)
-    mx = jnp.max(m, axis=0)
-    w = jnp.exp(m - jnp.where(mx == -jnp.inf, 0.0, mx)[None])                    # 0 for masked splits
-    den = jnp.sum(w * l, axis=0)
-    out_ref[...] = jnp.sum(w[:, :, None] * acc, axis=0) / jnp.where(den == 0, 1.0, den)[:, None]
+    m, l, acc = lax.cond(split < splits, prefix, tree)
+    m_ref[...] = m
+    l_ref[...] = l
+    acc_ref[...] = acc
 
 
 def _combine(m, l, acc):
@@ -150,11 +120,6 @@ def default_splits(batch, kv_heads, row_blocks, length, block_k):
     want = max(1, 2 * NUM_SMS // (batch * kv_heads * row_blocks))
     return int(max(1, min(want, 64, length // block_k)))
 
-
-# The combine kernel's block: rows x columns of the output a program merges (session 45: one program per kv
-# head and 64-row block, 8 at N = 16, made min_split_keys 50% slower than the jnp combine at 32K), and the most
-# prefix splits it takes (their partials, padded to 32 with the tree's, fill 16K fp32 registers a program).
-COMBINE_ROWS, COMBINE_COLS, COMBINE_MAX_SPLITS = 16, 32, 31
 
 # Shared memory one block may take on an H200 (Triton reports requests against this number).
 SMEM_LIMIT = 232448
@@ -191,16 +156,12 @@ def tiles(rows, hd, itemsize, num_stages=2, block_q=None, block_k=None, num_warp
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
-                                             "num_stages", "min_split_keys"))
+                                             "num_stages"))
 def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
-                   num_warps=None, num_stages=2, min_split_keys=None):
+                   num_warps=None, num_stages=2):
     """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
     >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
-    `default_splits`). min_split_keys (opt-in): a sequence uses only as many of the splits as give each at least
-    this many prefix keys, the others write nothing, and the partials are merged by `_combine_kernel` over the
-    used ones only (at most COMBINE_MAX_SPLITS splits then: a larger `splits` is lowered to it). By default a 1K prefix spreads over ~33 splits of 32 keys, and their fp32 partials (17.8 MB a
-    layer at N = 16, 8x the KV bytes) are written and read back by the jnp combine (session 44's verify(16) HLO,
-    bench/results/2026-12-04-h200-s44/inputs-params/)."""
+    `default_splits`)."""
     b, n, h, hd = q.shape
     length, kvh = keys.shape[1], keys.shape[2]
     if not supports(q.shape, keys.shape):
@@ -214,9 +175,6 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     row_blocks = pl.cdiv(rows, block_q)
     r_pad = row_blocks * block_q
     splits = splits or default_splits(b, kvh, row_blocks, length, block_k)
-    if min_split_keys is not None:    # the combine kernel loads the split axis whole, padded to a power of two
-        splits = min(splits, COMBINE_MAX_SPLITS)
-    parts = splits + 1 if min_split_keys is None else pl.next_power_of_2(splits + 1)
     n_tiles = pl.cdiv(n, block_k)
 
     # [B, KV, R, hd]: row r = node * G + head of the kv head's group
@@ -231,11 +189,10 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     per_row = lambda *blk: pl.BlockSpec((None, None, None, block_q) + blk,
                                         lambda bi, ki, si, ri: (bi, ki, si, ri) + (0,) * len(blk))
     m, l, acc = pl.pallas_call(
-        functools.partial(_kernel, n=n, splits=splits, block_k=block_k, length=length, precision=precision,
-                          min_split_keys=min_split_keys),
-        out_shape=(jax.ShapeDtypeStruct((b, kvh, parts, r_pad), f32),
-                   jax.ShapeDtypeStruct((b, kvh, parts, r_pad), f32),
-                   jax.ShapeDtypeStruct((b, kvh, parts, r_pad, hd), f32)),
+        functools.partial(_kernel, n=n, splits=splits, block_k=block_k, length=length, precision=precision),
+        out_shape=(jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
+                   jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
+                   jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad, hd), f32)),
         grid=(b, kvh, splits + 1, row_blocks),
         in_specs=[pl.BlockSpec((None,), lambda bi, ki, si, ri: (bi,)),
                   pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, si, ri: (bi, ki, ri, 0)),
@@ -246,22 +203,6 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
         interpret=interpret,
         name="tree_attention",
     )(start.astype(jnp.int32), qr, keys, values, anc_rows)
-    if min_split_keys is None:
-        out = _combine(m, l, acc)
-    else:   # a program per 16 rows x 32 columns: one per kv head and row block left most SMs idle (session 45)
-        cq, ch = min(COMBINE_ROWS, block_q), min(COMBINE_COLS, hd)
-        part = lambda *blk: pl.BlockSpec((None, None, parts, cq) + blk[:1],
-                                         lambda bi, ki, ri, ci: (bi, ki, 0, ri) + (ci,) * len(blk))
-        out = pl.pallas_call(
-            functools.partial(_combine_kernel, splits=splits, min_split_keys=min_split_keys),
-            out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, hd), f32),
-            grid=(b, kvh, r_pad // cq, hd // ch),
-            in_specs=[pl.BlockSpec((None,), lambda bi, ki, ri, ci: (bi,)), part(), part(), part(ch)],
-            out_specs=pl.BlockSpec((None, None, cq, ch), lambda bi, ki, ri, ci: (bi, ki, ri, ci)),
-            compiler_params=pltriton.CompilerParams(num_warps=8),
-            interpret=interpret,
-            name="tree_attention_combine",
-        )(start.astype(jnp.int32), m, l, acc)
-    out = out[:, :, :rows]                                                                # [B, KV, R, hd]
+    out = _combine(m, l, acc)[:, :, :rows]                                              # [B, KV, R, hd]
     out = out.reshape(b, kvh, n, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, n, h, hd)
     return out.astype(values.dtype)
