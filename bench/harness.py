@@ -189,6 +189,54 @@ def named_parts():
             setattr(cls, attr, fn)
 
 
+# The stages of a speculative round (jaxspec.engine.Engine._round), named in the HLO metadata while tracing so
+# that a round's kernels can be charged to them: the drafter's proposal, the DDTree build inside it, the target's
+# verify, the walk, the commit, the drafter's update. Kernels outside them are the round's own glue ("loop"). The
+# wrappers only add jax.named_scope; the computation is unchanged.
+STAGES = ("draft", "build", "verify", "accept", "commit", "draft_update")
+
+
+def stage_of(op_name: str | None) -> str:
+    """The round stage of an op: its innermost stage scope (the build inside the draft is "build"), "loop"
+    outside them; "unmapped" without a name, "unattributed" where the profile named only the operands' part."""
+    if not op_name:
+        return "unmapped"
+    if " (" in op_name:
+        return "unattributed"
+    return next((c for c in reversed(op_name.split("/")) if c in STAGES), "loop")
+
+
+@contextlib.contextmanager
+def named_stages(spec):
+    """Name the round's stages (STAGES) for an engine whose speculator is `spec` while tracing."""
+    import sys
+
+    import jaxspec.engine as E
+    home = sys.modules[type(spec).__module__]
+    targets = ((E, "accept", "accept"), (E, "commit", "commit"), (M.Qwen35, "__call__", "verify"),
+               (type(spec), "propose", "draft"), (type(spec), "update", "draft_update"))
+    if hasattr(home, "build_tree"):      # DDTree: the tree build inside the proposal
+        targets += ((home, "build_tree", "build"),)
+    saved = []
+    for owner, attr, name in targets:
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn, isinstance(owner, type) and attr not in owner.__dict__))
+
+        @functools.wraps(fn)
+        def wrapped(*a, __fn=fn, __name=name, **kw):
+            with jax.named_scope(__name):
+                return __fn(*a, **kw)
+        setattr(owner, attr, wrapped)
+    try:
+        yield
+    finally:
+        for owner, attr, fn, inherited in reversed(saved):
+            if inherited:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, fn)
+
+
 def compile_fn(fn, *args, donate=()):
     """AOT-compile fn on args; returns (compiled, {trace_s, compile_s})."""
     t = time.perf_counter()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import os
 import sys
@@ -154,11 +155,18 @@ def main(argv=None):
                     help="with the ar group: also profile the bare AR step and the engine's AR loop at the first "
                          "context and compare their kernels per step by part (phase 'ar_trace'; on a GPU the loop "
                          "only with JAXSPEC_LOOP_GRAPHS=none, as a CUDA graph hides its kernels)")
+    ap.add_argument("--trace-rounds", action="store_true",
+                    help="with dflash / ddtree: also profile two calls of the engine's round loop at the first context "
+                         "and charge its kernels per round to the round's stages (draft, verify, accept, commit, "
+                         "draft_update, the loop's own) and to the model's parts (phase '<method>_trace'; on a GPU "
+                         "only with JAXSPEC_LOOP_GRAPHS=none, as a CUDA graph hides its kernels)")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
     groups = {g for g in args.phases.split(",") if g}
     if args.trace_ar and "ar" not in groups:
         ap.error("--trace-ar needs the ar group in --phases")
+    if args.trace_rounds and not groups & {"dflash", "ddtree"}:
+        ap.error("--trace-rounds needs the dflash or ddtree group in --phases")
     if groups - {"ar", "dflash", "ddtree", "mtp"}:
         ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
                  "choose from ar,dflash,ddtree,mtp")
@@ -281,6 +289,44 @@ def main(argv=None):
                                                 for k in sorted(set(a["by_part_ms"]) | set(b["by_part_ms"]))}
         return out
 
+    def trace_round(eng, ctx, name):
+        """Where a speculative round's time goes: two calls of the engine's round loop (`rounds` rounds each)
+        profiled, compiled with the round's stages and the model's parts named, per round: kernel time, span,
+        gaps, kernels, time by stage (bench.harness.STAGES) and by part, the top kernels; with --out, the loop's
+        optimized HLO in OUT.<name>.hlo.txt.gz."""
+        if loop_is_graphed(eng.spec):
+            return {"not_traced": "the round loop runs as one CUDA graph (JAXSPEC_LOOP_GRAPHS): its kernels are not "
+                                  "traced one by one; set JAXSPEC_LOOP_GRAPHS=none"}
+        d = [H.decoding_at(eng, H.random_state(cfg, 1, max_len, ctx), random_cache(dcfg, 1, max_len, ctx))]
+        # A jit of its own: eng._run's trace is cached from the timed calls, made without the names.
+        run = jax.jit(lambda p, d, m, r: eng._run_rounds(p, d, m, r), static_argnums=(2, 3), donate_argnums=(1,))
+        with H.named_stages(eng.spec), H.named_parts():
+            loop_c = run.lower(eng.params, d[0], H.ENDLESS, args.rounds).compile()
+
+        def one_call():
+            d[0] = loop_c(eng.params, d[0])
+            return d[0]
+
+        jax.block_until_ready(one_call())
+        hlo = loop_c.as_text()
+        if args.out:        # the loop's optimized HLO beside the JSON, to read a fusion's name as its ops
+            with gzip.open(f"{args.out}.{name}.hlo.txt.gz", "wt") as f:
+                f.write(hlo)
+        s = H.profile_steps(one_call, 2, None, hlo, None, "rounds", per=2 * args.rounds, top=100000)
+        if "error" in s:
+            raise RuntimeError(f"--trace-rounds: {s['error']}")
+        out = {k: s[k] for k in ("kernel_ms_per_step", "span_ms_per_step", "gap_ms_per_step", "kernels_per_step",
+                                 "gemm_ms_per_step", "other_kernels_ms_per_step")}
+        stages = {}
+        for row in s["top_kernels"]:
+            st = stages.setdefault(H.stage_of(row["op_name"]), dict(ms=0.0, kernels=0.0))
+            st["ms"] += row["ms_per_step"]
+            st["kernels"] += row["count_per_step"]
+        out["by_stage"] = stages
+        out["by_part_ms"] = {k: v["ms_per_step"] for k, v in s["by_part"].items()}
+        out["top_kernels"] = s["top_kernels"][:60]
+        return out
+
     def measure(ctx, ph):
         """Every phase at one context; jitted functions and engines are made once (memo) and reused."""
         # AR step, back to back and inside the engine's device loop.
@@ -310,6 +356,12 @@ def main(argv=None):
             ph[name] = H.engine_rounds(eng, st, cache, rounds)
             log(f"{name} {ph[name]}")
             save()
+            if args.trace_rounds and spec is not None and name != "ar_round_device_loop" and ctx == contexts[0] \
+                    and not name.startswith("mtp"):
+                trace = name.replace("_round", "_trace")
+                ph[trace] = trace_round(eng, ctx, trace)
+                log(f"{trace} {ph[trace].get('by_stage') or ph[trace]['not_traced']}")
+                save()
 
         if "ar" in groups:
             engine_rounds(None, "ar_round_device_loop", rounds=args.ar_rounds)

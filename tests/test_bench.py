@@ -215,6 +215,62 @@ def test_rounds_trace_ar_compares_the_step_and_the_device_loop(tmp_path, monkeyp
         rounds.main(["--config", "tiny", "--phases", "dflash", "--trace-ar"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("graphed", [False, True])
+def test_rounds_trace_rounds_charges_kernels_to_stages(tmp_path, monkeypatch, graphed):
+    """--trace-rounds: a DDTree round loop profiled (on a CPU, the host's XLA thunks) per round, its kernels
+    charged to the round's stages (the tree build apart from the rest of the draft) summing to the kernel time; a
+    loop compiled to a CUDA graph is named as not traced; without dflash / ddtree it is refused."""
+    from bench import harness, rounds
+    monkeypatch.setattr(rounds, "loop_is_graphed", lambda spec: graphed)
+    out = tmp_path / "rounds.json"
+    rounds.main(["--config", "tiny", "--context", "32", "--phases", "ddtree", "--rounds-only", "--k", "1",
+                 "--rounds", "2", "--round-budget", "8", "--budgets", "8", "--trace-rounds", "--out", str(out)])
+    tr = json.loads(out.read_text())["phases"]["ddtree8_trace"]
+    if graphed:
+        assert "CUDA graph" in tr["not_traced"]
+        return
+    _positive(tr, "kernel_ms_per_step", "span_ms_per_step", "kernels_per_step")
+    stages = tr["by_stage"]
+    for st in ("draft", "build", "verify", "accept", "commit", "draft_update"):
+        assert stages[st]["ms"] > 0 and stages[st]["kernels"] > 0, st
+    assert set(stages) <= set(harness.STAGES) | {"loop", "unmapped", "unattributed"}
+    assert np.isclose(sum(v["ms"] for v in stages.values()), tr["kernel_ms_per_step"], rtol=1e-6)
+    import gzip
+    with gzip.open(f"{out}.ddtree8_trace.hlo.txt.gz", "rt") as f:
+        assert "/build/" in f.read()                       # the loop's optimized HLO, with the stage names
+    with pytest.raises(SystemExit):
+        rounds.main(["--config", "tiny", "--phases", "ar", "--trace-rounds"])
+
+
+def test_stage_names_are_scoped_and_restored():
+    """named_stages names the round's stages while tracing and puts every function back after; stage_of takes
+    the innermost stage of an op's name."""
+    import jaxspec.ddtree
+    import jaxspec.engine as E
+    from bench import harness
+    from jaxspec.dflash import DFlash
+    from jaxspec.model import Qwen35
+    before = (E.accept, E.commit, Qwen35.__call__, jaxspec.dflash.build_tree, "propose" in DFlash.__dict__,
+              DFlash.update)
+    import jax.numpy as jnp
+    spec = object.__new__(DFlash)
+    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (1, 4, 16)), -1)
+    with harness.named_stages(spec):
+        assert E.accept is not before[0] and E.commit is not before[1] and DFlash.update is not before[5]
+        build = jax.jit(lambda lp, a: jaxspec.dflash.build_tree(lp, a, 4))
+        hlo = build.lower(logp, jnp.ones((1,), jnp.int32)).as_text(debug_info=True)
+    after = (E.accept, E.commit, Qwen35.__call__, jaxspec.dflash.build_tree, "propose" in DFlash.__dict__,
+             DFlash.update)
+    assert after == before and jaxspec.ddtree.build_tree is before[3]
+    assert 'build/' in hlo                                      # the build's ops carry its stage
+    assert harness.stage_of("jit(_run_rounds)/while/body/draft/build/reduce") == "build"
+    assert harness.stage_of("jit(_run_rounds)/while/body/verify/gdn/dot_general") == "verify"
+    assert harness.stage_of("jit(_run_rounds)/while/body/add") == "loop"
+    assert harness.stage_of("attn (from operands a b)") == "unattributed"
+    assert harness.stage_of(None) == "unmapped"
+
+
 def test_device_time_of_a_multi_device_call_is_the_busiest_devices():
     """A tensor-parallel call runs on its GPUs at once: its device time is the busiest GPU's kernel time, not
     the sum over GPUs (which read 52 ms for an 11.5 ms TP = 4 verify); one device's is reported as before."""
