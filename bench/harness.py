@@ -477,16 +477,20 @@ def random_tokens(cfg: TargetConfig, batch: int, n: int, seed: int):
 # ---------------------------------------------------------------------------------------------- profile
 
 def profile_steps(run_step, steps: int, module: str | None, hlo_text: str, dump: Path | None, tag: str,
-                  per: int | None = None, top: int = 30) -> dict:
+                  per: int | None = None, top: int = 30, stages: bool = False) -> dict:
     """Trace `steps` calls of run_step (the last one waited for inside the trace) and charge kernels to parts,
-    per step, or per `per` units over the whole trace (e.g. rounds, when each call runs several)."""
+    per step, or per `per` units over the whole trace (e.g. rounds, when each call runs several); with `stages`,
+    also to a round's stages ("by_stage", stage_of; a kernel XLA shares between stages is split by its share)."""
     with profile.trace(run_step, steps) as xplane:
         if xplane is None:
             return dict(error="no xplane.pb written")
         if dump is not None:
             shutil.copy(xplane, dump / f"trace_{tag}.xplane.pb")
         events, info = profile.load_events(xplane, module)
-        out = profile.summarize(events, profile.HloIndex(hlo_text), per or steps, top=top)
+        index = profile.HloIndex(hlo_text)
+        out = profile.summarize(events, index, per or steps, top=top)
+        if stages:
+            out["by_stage"] = profile.summarize(events, index, per or steps, top=0, classify=stage_of)["by_part"]
         out.update(info)
         return out
 

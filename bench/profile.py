@@ -62,7 +62,7 @@ class HloIndex:
     """op_name and bytes of every instruction of an optimized HLO module (compiled.as_text())."""
 
     def __init__(self, hlo_text: str):
-        own, calls, operands, body, sig, size, groups, group_of = {}, {}, {}, {}, {}, {}, {}, {}
+        own, calls, operands, body, sig, size, groups, group_of, custom = {}, {}, {}, {}, {}, {}, {}, {}, set()
         comp = None
         for line in hlo_text.splitlines():
             h = _HEADER.match(line)
@@ -88,26 +88,41 @@ class HloIndex:
             operands[name] = re.findall(r'%([\w.\-]+)', rhs.split("metadata=")[0].split("calls=")[0])
             if " parameter(" in rhs:
                 size[name] = _bytes(rhs.split(" parameter(")[0])
+            if " custom-call(" in rhs:
+                custom.add(name)
         self.size = size
         self.groups, self.group_of = groups, group_of
         self.own, self.calls, self.operands, self.body = own, calls, operands, body
         self.nbytes = {n: sig[c] for n, c in calls.items() if c in sig}
         self._memo: dict[str, str | None] = {}
         self.alias = {re.sub(r"[.\-]", "_", n): n for n in operands}
+        # Pallas kernels are named by their pallas_call's `name` (op_name ".../<name>/pallas_call"), with "__N"
+        # appended by Triton for a second compiled variant; inside a command buffer the trace gives only that.
+        pallas: dict[str, list] = {}
+        for n, on in own.items():
+            parts = on.split("/")
+            if len(parts) > 1 and parts[-1] == "pallas_call" and n in custom:
+                pallas.setdefault(parts[-2], []).append(n)
+        self.pallas = pallas
+        self.pallas_of = {n: k for k, ns in pallas.items() for n in ns}
 
-    def shares(self, name: str) -> dict[str, float]:
+    def shares(self, name: str, classify=part_of) -> dict[str, float]:
         """XLA compiles identical fusions once and launches that kernel for each of them (metadata
         deduplicated_name), so a kernel name stands for every instruction of its group: the share of
-        each part among them (exact on average, since the launches are the same kernel)."""
-        members = self.groups.get(self.group_of.get(name), [name])
-        parts = collections.Counter(part_of(self.op_name(m)) for m in members)
+        each part (or of each class `classify` gives an op_name) among them (exact on average, since the
+        launches are the same kernel). A Pallas kernel's group is every pallas_call of that kernel name."""
+        members = self.groups.get(self.group_of.get(name)) or self.pallas.get(self.pallas_of.get(name)) or [name]
+        parts = collections.Counter(classify(self.op_name(m)) for m in members)
         return {p: c / len(members) for p, c in parts.items()}
 
     def name(self, kernel_or_op: str) -> str | None:
         """The HLO instruction of a trace name (an hlo_op, or a kernel named after its fusion)."""
         if kernel_or_op in self.operands:
             return kernel_or_op
-        return self.alias.get(kernel_or_op)
+        if kernel_or_op in self.alias:
+            return self.alias[kernel_or_op]
+        members = self.pallas.get(re.sub(r"__\d+$", "", kernel_or_op))
+        return members[0] if members else None
 
     def _weights(self, name, depth=0):
         """(bytes, part) of the weight parameters reached through operands (bitcasts, copies)."""
@@ -250,8 +265,9 @@ def _op_name(hlo: HloIndex, kernel: str, hlo_op: str) -> str | None:
     return None
 
 
-def summarize(events, hlo: HloIndex, steps: int, top: int = 30) -> dict:
-    """Per step: kernel time, span and gaps; time, kernels and bytes by part (gemm / other kernels)."""
+def summarize(events, hlo: HloIndex, steps: int, top: int = 30, classify=part_of) -> dict:
+    """Per step: kernel time, span and gaps; time, kernels and bytes by part (gemm / other kernels). `classify`
+    maps an op_name to its part (part_of; bench.harness.stage_of charges a round's kernels to its stages)."""
     steps = max(steps, 1)
     per_kernel: dict[str, list] = {}
     for _, dur, name, op in events:
@@ -263,7 +279,7 @@ def summarize(events, hlo: HloIndex, steps: int, top: int = 30) -> dict:
     for name, (dur, cnt, op) in per_kernel.items():
         on = _op_name(hlo, name, op)
         n = hlo.name(name) if hlo.name(name) is not None else hlo.name(op)
-        shares = hlo.shares(n) if n is not None else {part_of(on): 1.0}
+        shares = hlo.shares(n, classify) if n is not None else {classify(on): 1.0}
         if "trsm" in name or "MakeBatchPointers" in name:
             shares = {"gdn": 1.0}  # cuBLAS triangular solve of the delta rule: its kernels have no HLO name
         part = max(shares, key=shares.get)

@@ -292,7 +292,7 @@ def main(argv=None):
     def trace_round(eng, ctx, name):
         """Where a speculative round's time goes: two calls of the engine's round loop (`rounds` rounds each)
         profiled, compiled with the round's stages and the model's parts named, per round: kernel time, span,
-        gaps, kernels, time by stage (bench.harness.STAGES) and by part, the top kernels; with --out, the loop's
+        gaps, kernels, time by stage (bench.harness.STAGES) and by part, every kernel; with --out, the loop's
         optimized HLO in OUT.<name>.hlo.txt.gz."""
         if loop_is_graphed(eng.spec):
             return {"not_traced": "the round loop runs as one CUDA graph (JAXSPEC_LOOP_GRAPHS): its kernels are not "
@@ -312,19 +312,14 @@ def main(argv=None):
         if args.out:        # the loop's optimized HLO beside the JSON, to read a fusion's name as its ops
             with gzip.open(f"{args.out}.{name}.hlo.txt.gz", "wt") as f:
                 f.write(hlo)
-        s = H.profile_steps(one_call, 2, None, hlo, None, "rounds", per=2 * args.rounds, top=100000)
+        s = H.profile_steps(one_call, 2, None, hlo, None, "rounds", per=2 * args.rounds, top=100000, stages=True)
         if "error" in s:
             raise RuntimeError(f"--trace-rounds: {s['error']}")
         out = {k: s[k] for k in ("kernel_ms_per_step", "span_ms_per_step", "gap_ms_per_step", "kernels_per_step",
                                  "gemm_ms_per_step", "other_kernels_ms_per_step")}
-        stages = {}
-        for row in s["top_kernels"]:
-            st = stages.setdefault(H.stage_of(row["op_name"]), dict(ms=0.0, kernels=0.0))
-            st["ms"] += row["ms_per_step"]
-            st["kernels"] += row["count_per_step"]
-        out["by_stage"] = stages
+        out["by_stage"] = s["by_stage"]
         out["by_part_ms"] = {k: v["ms_per_step"] for k, v in s["by_part"].items()}
-        out["top_kernels"] = s["top_kernels"][:60]
+        out["kernels"] = s["top_kernels"]          # every kernel, longest first
         return out
 
     def measure(ctx, ph):
@@ -360,7 +355,8 @@ def main(argv=None):
                     and not name.startswith("mtp"):
                 trace = name.replace("_round", "_trace")
                 ph[trace] = trace_round(eng, ctx, trace)
-                log(f"{trace} {ph[trace].get('by_stage') or ph[trace]['not_traced']}")
+                stages = {k: round(v["ms_per_step"], 3) for k, v in ph[trace].get("by_stage", {}).items()}
+                log(f"{trace} {stages or ph[trace]['not_traced']}")
                 save()
 
         if "ar" in groups:
