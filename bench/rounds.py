@@ -157,8 +157,8 @@ def main(argv=None):
                          "only with JAXSPEC_LOOP_GRAPHS=none, as a CUDA graph hides its kernels)")
     ap.add_argument("--trace-rounds", action="store_true",
                     help="with dflash / ddtree: also profile two calls of the engine's round loop at the first context "
-                         "and charge its kernels per round to the round's stages (draft, verify, accept, commit, "
-                         "draft_update, the loop's own) and to the model's parts (phase '<method>_trace'; on a GPU "
+                         "and charge its kernels per round to the round's stages (draft, DDTree's build, verify, accept, "
+                         "commit, draft_update, the loop's own) and to the model's parts (phase '<method>_trace'; on a GPU "
                          "only with JAXSPEC_LOOP_GRAPHS=none, as a CUDA graph hides its kernels)")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
