@@ -170,18 +170,22 @@ _SCOPED = ((M.Attention, "__call__", "attn"), (M.GatedDeltaNet, "__call__", "gdn
            (M.RMSNorm, "__call__", "norm"), (M.Qwen35, "logits", "head"), (M.Qwen35, "embed", "embed"))
 
 
+def _in_scope(fn, name: str):
+    """fn, its ops named under jax.named_scope(name) when traced."""
+    @functools.wraps(fn)
+    def wrapped(*a, **kw):
+        with jax.named_scope(name):
+            return fn(*a, **kw)
+    return wrapped
+
+
 @contextlib.contextmanager
 def named_parts():
     saved = []
     for cls, attr, name in _SCOPED:
         fn = cls.__dict__[attr]
         saved.append((cls, attr, fn))
-
-        @functools.wraps(fn)
-        def wrapped(*a, __fn=fn, __name=name, **kw):
-            with jax.named_scope(__name):
-                return __fn(*a, **kw)
-        setattr(cls, attr, wrapped)
+        setattr(cls, attr, _in_scope(fn, name))
     try:
         yield
     finally:
@@ -221,12 +225,7 @@ def named_stages(spec):
     for owner, attr, name in targets:
         fn = getattr(owner, attr)
         saved.append((owner, attr, fn, isinstance(owner, type) and attr not in owner.__dict__))
-
-        @functools.wraps(fn)
-        def wrapped(*a, __fn=fn, __name=name, **kw):
-            with jax.named_scope(__name):
-                return __fn(*a, **kw)
-        setattr(owner, attr, wrapped)
+        setattr(owner, attr, _in_scope(fn, name))
     try:
         yield
     finally:
