@@ -272,6 +272,19 @@ def test_bench_runs_and_writes_json(tmp_path):
         bench.main(["--impls", "pallas_mosaic"])
 
 
+def test_bench_layers_depend_on_each_other(seed):
+    """Each stacked layer gets keys, log-decays and a state moved by the previous layer's output, so XLA cannot
+    compute the parts that do not touch the state once for all layers."""
+    from pallas_kernels.tree_delta_rule import bench
+    args, _ = make_inputs(seed, Spec(1, 5, 2, 16, 16, "chain"))
+    q, k, v, g, beta, anc, s0 = args
+    seen = lambda q, k, v, g, beta, anc, s: (k, jnp.ones_like(v), g)         # a layer that shows its inputs
+    (k2, _, g2), s2 = bench.stacked(seen, 2)(*args)
+    for name, x, x0 in (("k", k2, k), ("g", g2, g), ("state", s2, s0)):
+        assert not np.array_equal(np.asarray(x), np.asarray(x0)), name
+        assert np.allclose(np.asarray(x), np.asarray(x0), atol=1e-5), name
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 # Reference: reference.py on the same GPU in fp32 with HIGHEST-precision dots (no tf32) and cuBLAS
 # trsm. Bound 1e-4 on max |x - ref| / max |ref|, as on the CPU.

@@ -45,11 +45,16 @@ def implementations(sweep: bool, on_gpu: bool):
 
 
 def stacked(fn, layers):
+    """`layers` calls in one jit, each layer's inputs depending on the previous layer's output. The keys and
+    log-decays must depend too, not only the state: with the same k, g and beta in every layer XLA computes
+    what does not touch the state (the Gram products, the prepare kernel) once for all layers, and the bench
+    reported 27.4 us a layer at N = 64 where a DDTree round spent 58.5 (session 46)."""
     def run(q, k, v, g, beta, anc, s0):
         s, outs = s0, None
         for _ in range(layers):
             outs = fn(q, k, v, g, beta, anc, s)
-            s = s + 1e-6 * jnp.tanh(jnp.mean(outs[1]))   # the next layer depends on this one
+            eps = 1e-6 * jnp.tanh(jnp.mean(outs[1]))     # the next layer depends on this one
+            s, k, g = s + eps, k + eps.astype(k.dtype), g + eps.astype(g.dtype)
         return outs, s
     return jax.jit(run)
 

@@ -87,20 +87,26 @@ def _decay(g_rows, g_cols, anc):
     return jnp.where(on, jnp.exp(jnp.where(on, g_rows[:, None] - g_cols[None, :], 0.0)), 0.0)
 
 
-def _unit_lower_inverse(a, rows_used):
-    """(I + a)^-1 for a strictly lower-triangular [T, T] tile, by forward substitution.
+def _unit_lower_inverse(a, precision):
+    """(I + a)^-1 for a strictly lower-triangular [T, T] tile, by recursive doubling of diagonal blocks
+    (as xla.py, within one tile): with Y the inverse of the diagonal blocks of size s,
 
-    Row r of the inverse is e_r - sum_{j<r} a_rj row_j. Rows at or past `rows_used` (padding) have
-    zero rows in `a` and stay e_r. Unrolled (see the module docstring on ptxas).
-    """
+        [[P, 0], [Q, R]]^-1 = [[P^-1, 0], [-R^-1 Q P^-1, R^-1]]    i.e.    Y <- Y - Y C Y
+
+    where C holds a's lower-left s x s block of every diagonal block of size 2s. Blocks of 2 are done
+    elementwise, then two [T, T] dots a level (three levels at T = 16). Each level multiplies only inverses
+    of diagonal blocks and entries of a, never powers of a. Padding rows of `a` are zero and stay e_r.
+    This replaced a forward substitution over the tile's rows (15 steps of two cross-thread reductions
+    each), the longest serial chain in `_prepare_kernel`."""
     t = a.shape[0]
     r = lax.broadcasted_iota(jnp.int32, (t, t), 0)
     c = lax.broadcasted_iota(jnp.int32, (t, t), 1)
-    inv = jnp.where(r == c, 1.0, 0.0).astype(jnp.float32)
-    for i in range(1, rows_used):
-        a_i = jnp.sum(jnp.where(r == i, a, 0.0), axis=0)          # row i of a, indexed by column
-        upd = jnp.sum(a_i[:, None] * inv, axis=0)                   # sum_j a_ij inv[j, :]
-        inv = inv - jnp.where(r == i, upd[None, :], 0.0)
+    inv = jnp.where(r == c, 1.0, 0.0) - jnp.where((r // 2 == c // 2) & (r > c), a, 0.0)
+    s = 2
+    while s < t:
+        low = (r // (2 * s) == c // (2 * s)) & ((r // s) % 2 == 1) & ((c // s) % 2 == 0)
+        inv = inv - _dot(_dot(inv, jnp.where(low, a, 0.0), precision), inv, precision)
+        s *= 2
     return inv
 
 
@@ -140,7 +146,7 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
             if with_m:
                 P.append(d_ij * qk_at(ri, rj))
         # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
-        inv_ii = _unit_lower_inverse(A[i], min(TILE, n - i * TILE))
+        inv_ii = _unit_lower_inverse(A[i], precision)
         for j, rj in enumerate(rows[:i]):
             Tb[i, j] = -dot(inv_ii, sum(dot(A[l], Tb[l, j]) for l in range(j, i)))
             tb_ref[ri, rj] = Tb[i, j]
@@ -149,6 +155,11 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
         if with_m:
             for j, rj in enumerate(rows[:i + 1]):
                 m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
+        # the tiles above the diagonal are zero: `_apply_kernel` reads Tb's and M's rows whole
+        for rj in rows[i + 1:]:
+            tb_ref[ri, rj] = jnp.zeros((TILE, TILE), jnp.float32)
+            if with_m:
+                m_ref[ri, rj] = jnp.zeros((TILE, TILE), jnp.float32)
 
 
 def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
@@ -171,39 +182,50 @@ def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
         m_ref[ri, rj] = lax.fori_loop(j, i + 1, term, jnp.zeros((TILE, TILE), jnp.float32))
         return carry
 
+    def zero(j, carry):                   # above the diagonal: `_apply_kernel` reads M's rows whole
+        m_ref[ri, tile(j)] = jnp.zeros((TILE, TILE), jnp.float32)
+        return carry
+
     lax.fori_loop(0, i + 1, column, 0)
+    lax.fori_loop(i + 1, m_ref.shape[1] // TILE, zero, 0)
+
+
+def _segments(n_pad):
+    """[0, n_pad) as power-of-two slices, largest first (Triton's arrays must have power-of-two sizes): 80 rows
+    (N = 65) are 64 + 16."""
+    out, start = [], 0
+    for bit in reversed(range(n_pad.bit_length())):
+        if n_pad & (1 << bit):
+            out.append(pl.ds(start, 1 << bit))
+            start += 1 << bit
+    return out
 
 
 def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
     """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
     with the sums over j taken before the product with S0 (Tb E K and M E K, tile x key chunk), so
-    that each program multiplies S0 twice, not twice per tile j."""
+    that each program multiplies S0 twice, not twice per tile j. Tile i's rows of Tb and M are read whole
+    ([T, N], zero above the diagonal tile), so every sum over j is one dot per power-of-two segment of the
+    nodes, and the key chunks are unrolled: no loop whose loads wait on the previous iteration. (With a loop
+    over the tiles j inside a loop over the key chunks, a DDTree(64) verify spent 21.5 us a layer here,
+    session 46.)"""
     dot = functools.partial(_dot, precision=precision)
     i = pl.program_id(3)
     ri = pl.ds(pl.multiple_of(i * TILE, TILE), TILE)
+    segs = _segments(tb_ref.shape[-1])
+    tb_i = [tb_ref[ri, sj] for sj in segs]
+    m_i = [m_ref[ri, sj] for sj in segs]
+    e = [jnp.exp(G_ref[sj])[:, None] for sj in segs]
     e_i = jnp.exp(G_ref[ri])[:, None]
-
-    def key_chunk_step(c, acc):
-        cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
-
-        def node_tile(j, wm):
-            rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
-            ek = jnp.exp(G_ref[rj])[:, None] * k_ref[rj, cs]
-            return wm[0] + dot(tb_ref[ri, rj], ek), wm[1] + dot(m_ref[ri, rj], ek)
-
-        zero = jnp.zeros((TILE, key_chunk), jnp.float32)
-        w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
+    rows_times = lambda mat, blocks: sum(dot(a, b) for a, b in zip(mat, blocks))   # sum_j mat_ij x_j
+    v = [v_ref[sj, :] for sj in segs]
+    delta, o = rows_times(tb_i, v), rows_times(m_i, v)
+    for c in range(k_ref.shape[-1] // key_chunk):
+        cs = pl.ds(c * key_chunk, key_chunk)
+        ek = [e_j * k_ref[sj, cs] for e_j, sj in zip(e, segs)]
         s0 = s0_ref[cs, :]
-        return acc[0] - dot(w, s0), acc[1] + dot(e_i * q_ref[ri, cs] - mek, s0)
-
-    def value_step(j, acc):
-        rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
-        v_j = v_ref[rj, :]
-        return acc[0] + dot(tb_ref[ri, rj], v_j), acc[1] + dot(m_ref[ri, rj], v_j)
-
-    zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
-    acc = lax.fori_loop(0, k_ref.shape[-1] // key_chunk, key_chunk_step, (zero, zero))
-    delta, o = lax.fori_loop(0, i + 1, value_step, acc)
+        delta = delta - dot(rows_times(tb_i, ek), s0)
+        o = o + dot(e_i * q_ref[ri, cs] - rows_times(m_i, ek), s0)
     delta_ref[ri, :] = delta
     o_ref[ri, :] = o
 
