@@ -165,6 +165,19 @@ def test_unit_lower_inverse(seed, n):
     assert rel_err(inv, np.linalg.inv(np.eye(n) + L.astype(np.float64))) < 1e-5
 
 
+@pytest.mark.parametrize("used", (1, 2, 5, 9, 16))
+def test_kernel_tile_inverse(seed, used):
+    """The kernel's [16, 16] tile inverse (recursive doubling, as jnp outside a kernel) against float64, with the
+    rows from `used` on zero, as the padding nodes of a ragged last tile are: their rows stay e_r."""
+    rng = np.random.default_rng(seed)
+    a = np.tril(rng.standard_normal((16, 16)) / 4, -1)
+    a[used:] = 0.0
+    inv = pallas_triton._unit_lower_inverse(jnp.asarray(a, jnp.float32), jax.lax.Precision.HIGHEST)
+    want = np.linalg.inv(np.eye(16) + a)
+    assert rel_err(inv, want) < 1e-6
+    np.testing.assert_array_equal(np.asarray(inv)[used:], np.eye(16)[used:])
+
+
 def test_xla_is_as_accurate_as_reference(seed):
     """Why "xla" is the CPU default: against the float64 recurrence its norm-wise error is on average
     no larger than the reference's (solve_triangular), on random and on correlated keys. (Measured

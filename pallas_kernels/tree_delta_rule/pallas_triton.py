@@ -21,16 +21,22 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   N = 64 / 65, bench/results/2026-12-04-h200-s44/tdr-gram/), and was removed.
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
-  substitution, the diagonal tiles by forward substitution over their rows. Substitution, not a power series:
-  (I + A)^-1 = prod_m (I + A^(2^m)) loses everything to cancellation when keys are correlated and
-  decays weak (relative error 4e8 at N = 64, measured against float64).
+  substitution, the diagonal tiles' inverses by recursive doubling of their diagonal blocks (six [T, T] dots
+  a tile; until session 46 a forward substitution over the tile's rows, 15 steps of two cross-thread
+  reductions: the op at N = 16 / 64 / 65 went 21.8 / 62.3 / 73.0 -> 19.2 / 51.1 / 60.6 us a layer,
+  bench/results/2026-12-04-h200-s46/). Neither is a power series: (I + A)^-1 = prod_m (I + A^(2^m)) loses
+  everything to cancellation when keys are correlated and decays weak (relative error 4e8 at N = 64,
+  measured against float64).
 * `_mix_kernel` (opt-in, `split_m`): M = P Tb a tile of rows per program, for when the prepare kernel's
   serial chain (48 programs on 132 SMs) is the bottleneck of a large tree; it then forms Tb alone. On the
   H200 it changed nothing (27.6 / 29.9 us a layer at N = 64 / 65 against 27.4 / 30.1 for the default,
   bench/results/2026-12-04-h200-s43/split/): M is not where the chain spends its time, so it stays opt-in.
 * `_apply_kernel` (a program per batch row, value head, slice of the value dim and node tile) forms
   Tb E K and M E K for its tile a key chunk at a time, multiplies them into S0, and adds Tb V and M V.
-  Tiles do not depend on each other, so the work spreads over the SMs.
+  Tiles do not depend on each other, so the work spreads over the SMs. Reading Tb's and M's rows whole
+  (one dot over all N nodes instead of a loop over tiles) was slower on the H200: 57.0 / 79.0 us a layer
+  for the op at N = 64 / 65 against 51.1 / 60.6, and with the key chunks unrolled too 107.6 / 595.6
+  (session 46).
 
 Every value a program computes and reads again stays in its registers; anything read across tiles
 goes through the next kernel (reading back a program's own writes would need a barrier between its
@@ -155,11 +161,6 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
         if with_m:
             for j, rj in enumerate(rows[:i + 1]):
                 m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
-        # the tiles above the diagonal are zero: `_apply_kernel` reads Tb's and M's rows whole
-        for rj in rows[i + 1:]:
-            tb_ref[ri, rj] = jnp.zeros((TILE, TILE), jnp.float32)
-            if with_m:
-                m_ref[ri, rj] = jnp.zeros((TILE, TILE), jnp.float32)
 
 
 def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
@@ -182,50 +183,39 @@ def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
         m_ref[ri, rj] = lax.fori_loop(j, i + 1, term, jnp.zeros((TILE, TILE), jnp.float32))
         return carry
 
-    def zero(j, carry):                   # above the diagonal: `_apply_kernel` reads M's rows whole
-        m_ref[ri, tile(j)] = jnp.zeros((TILE, TILE), jnp.float32)
-        return carry
-
     lax.fori_loop(0, i + 1, column, 0)
-    lax.fori_loop(i + 1, m_ref.shape[1] // TILE, zero, 0)
-
-
-def _segments(n_pad):
-    """[0, n_pad) as power-of-two slices, largest first (Triton's arrays must have power-of-two sizes): 80 rows
-    (N = 65) are 64 + 16."""
-    out, start = [], 0
-    for bit in reversed(range(n_pad.bit_length())):
-        if n_pad & (1 << bit):
-            out.append(pl.ds(start, 1 << bit))
-            start += 1 << bit
-    return out
 
 
 def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
     """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
     with the sums over j taken before the product with S0 (Tb E K and M E K, tile x key chunk), so
-    that each program multiplies S0 twice, not twice per tile j. Tile i's rows of Tb and M are read whole
-    ([T, N], zero above the diagonal tile), so every sum over j is one dot per power-of-two segment of the
-    nodes, and the key chunks are unrolled: no loop whose loads wait on the previous iteration. (With a loop
-    over the tiles j inside a loop over the key chunks, a DDTree(64) verify spent 21.5 us a layer here,
-    session 46.)"""
+    that each program multiplies S0 twice, not twice per tile j."""
     dot = functools.partial(_dot, precision=precision)
     i = pl.program_id(3)
     ri = pl.ds(pl.multiple_of(i * TILE, TILE), TILE)
-    segs = _segments(tb_ref.shape[-1])
-    tb_i = [tb_ref[ri, sj] for sj in segs]
-    m_i = [m_ref[ri, sj] for sj in segs]
-    e = [jnp.exp(G_ref[sj])[:, None] for sj in segs]
     e_i = jnp.exp(G_ref[ri])[:, None]
-    rows_times = lambda mat, blocks: sum(dot(a, b) for a, b in zip(mat, blocks))   # sum_j mat_ij x_j
-    v = [v_ref[sj, :] for sj in segs]
-    delta, o = rows_times(tb_i, v), rows_times(m_i, v)
-    for c in range(k_ref.shape[-1] // key_chunk):
-        cs = pl.ds(c * key_chunk, key_chunk)
-        ek = [e_j * k_ref[sj, cs] for e_j, sj in zip(e, segs)]
+
+    def key_chunk_step(c, acc):
+        cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
+
+        def node_tile(j, wm):
+            rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
+            ek = jnp.exp(G_ref[rj])[:, None] * k_ref[rj, cs]
+            return wm[0] + dot(tb_ref[ri, rj], ek), wm[1] + dot(m_ref[ri, rj], ek)
+
+        zero = jnp.zeros((TILE, key_chunk), jnp.float32)
+        w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
         s0 = s0_ref[cs, :]
-        delta = delta - dot(rows_times(tb_i, ek), s0)
-        o = o + dot(e_i * q_ref[ri, cs] - rows_times(m_i, ek), s0)
+        return acc[0] - dot(w, s0), acc[1] + dot(e_i * q_ref[ri, cs] - mek, s0)
+
+    def value_step(j, acc):
+        rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
+        v_j = v_ref[rj, :]
+        return acc[0] + dot(tb_ref[ri, rj], v_j), acc[1] + dot(m_ref[ri, rj], v_j)
+
+    zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
+    acc = lax.fori_loop(0, k_ref.shape[-1] // key_chunk, key_chunk_step, (zero, zero))
+    delta, o = lax.fori_loop(0, i + 1, value_step, acc)
     delta_ref[ri, :] = delta
     o_ref[ri, :] = o
 
