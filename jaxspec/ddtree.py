@@ -120,7 +120,7 @@ _VOCAB_CHUNK = 2048
 # Both give lax.top_k's result exactly on the values build_tree ranks (no NaN, no -0.0).
 # Counting is used only on rows of at most COUNT_MAX entries (16.8M comparisons a row): at the real shape that
 # is every selection of a tree of up to 64 nodes (beams of 64 x 64 candidates, 15 x 64 final entries, the
-# vocabulary in 3880 chunks of 64); larger ones sort.
+# vocabulary in levels of at most COUNT_ROW chunks); larger ones sort.
 TOP_K_ENV = "JAXSPEC_DDTREE_TOP_K"
 TOP_K_METHODS = ("sort", "count")
 COUNT_MAX = 4096
@@ -200,34 +200,60 @@ def top_k(x, k: int):
 
 
 def vocab_top_k(x, k: int):
-    """`lax.top_k` over the last axis in two stages, without ranking the whole vocabulary at once.
+    """`lax.top_k` over the last axis in stages, without ranking the whole vocabulary at once.
 
     "sort" (see TOP_K_ENV): per chunk of 2048, then over the chunk winners. On the H200 (2026-11-29) XLA
     lowered top_k over the 248320-token axis to a full sort of it (1.5 ms per tree at B = 64); sorting
-    2048-wide rows is cheap. "count": the k best chunks by their maximum, then the k best of their entries
-    (_counted_vocab_top_k). Same result as a stable top_k either way: among equal values, the lower index.
+    2048-wide rows is cheap. "count": the k best chunks by their maximum, then the k best of their entries,
+    the same way again while they are more than COUNT_ROW (_counted_vocab_top_k). Same result as a stable
+    top_k either way: among equal values, the lower index.
     """
-    local = _counted_vocab_top_k if top_k_method(_count_chunking(x.shape[-1], k)[2]) == "count" else _chunked_top_k
+    local = _counted_vocab_top_k if top_k_method(max(_count_plan(x.shape[-1], k))) == "count" else _chunked_top_k
     split = sharding.vocab_top_k(x, k, local)  # a tensor-parallel vocabulary: per shard, then across
     return local(x, k) if split is None else split
 
 
-def _count_chunking(v: int, k: int) -> tuple[int, int, int]:
-    """(chunk size c, chunks n, the longest row counted) of _counted_vocab_top_k over v entries."""
-    c = max(16, 1 << max(0, (int((v / max(k, 1)) ** 0.5) - 1).bit_length()))
-    n = -(-v // c)
-    return c, n, v if n <= k else max(n, k * c)
+# The longest row _counted_vocab_top_k ranks by counting when it has a choice (C^2 comparisons a row). Until
+# session 46 it cut the vocabulary once, into chunks of about sqrt(V / k): at V = 248320, k = 63 that counted
+# rows of 3880 chunk maxima and 4032 candidates, 31M comparisons a depth, two reductions of ~87 and ~151 us a
+# tree on the H200 (bench/results/2026-12-04-h200-s46/call2-round-trace/). Three levels of at most 1024 (970
+# chunks of 256, 1008 chunks of 16, 1008 candidates) do 3M.
+COUNT_ROW = 1024
+
+
+def _chunk(v: int, k: int) -> int:
+    """The chunk size of one level over v entries: the smallest power of two >= 16 that leaves at most
+    max(COUNT_ROW, k) chunks."""
+    c = 16
+    while -(-v // c) > max(COUNT_ROW, k):
+        c *= 2
+    return c
+
+
+def _count_plan(v: int, k: int) -> list[int]:
+    """The row lengths _counted_vocab_top_k counts over v entries: each level's chunk count, then the last
+    candidates."""
+    rows = []
+    while v > max(COUNT_ROW, k):
+        c = _chunk(v, k)
+        if k * c >= v:                 # chunking would not shrink the row
+            break
+        rows.append(-(-v // c))
+        v = k * c
+    return rows + [v]
 
 
 def _counted_vocab_top_k(x, k: int):
-    """top_k over the last axis by counting, in two small steps. Cut it into n chunks of c entries (c about
-    sqrt(V / k), so that n and k * c are about equal); take the k best chunks by (maximum descending, chunk
-    index ascending), then the k best of their k * c entries. Exact: if an entry x_i of the true top k sat
-    in an unchosen chunk, the k chosen chunks would each hold an entry that comes before x_i (its maximum,
-    which is larger, or equal and at a lower index), so k entries would come before x_i."""
+    """top_k over the last axis by counting, in small steps. Cut it into n chunks of c entries (n at most
+    COUNT_ROW); take the k best chunks by (maximum descending, chunk index ascending); then the k best of their
+    k * c entries, by the same steps while they are more than COUNT_ROW. Exact: if an entry x_i of the true top
+    k sat in an unchosen chunk, the k chosen chunks would each hold an entry that comes before x_i (its
+    maximum, which is larger, or equal and at a lower index), so k entries would come before x_i. The chosen
+    chunks' entries are kept in ascending index order, so a lower position among them is a lower index."""
     v = x.shape[-1]
-    c, n, _ = _count_chunking(v, k)
-    if n <= k:
+    c = _chunk(v, k)
+    n = -(-v // c)
+    if v <= max(COUNT_ROW, k) or k * c >= v:
         return counted_top_k(x, k)
     lead = x.shape[:-1]
     xp = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n * c - v)], constant_values=-jnp.inf)
@@ -235,7 +261,7 @@ def _counted_vocab_top_k(x, k: int):
     chunks = counted_top_k_set(xc.max(-1), k)                               # [..., k], ascending
     cand = jnp.take_along_axis(xc, chunks[..., None], -2).reshape(lead + (k * c,))
     gidx = (chunks[..., None] * c + jnp.arange(c, dtype=jnp.int32)).reshape(lead + (k * c,))
-    val, pos = counted_top_k(cand, k)                                       # cand is in gidx order
+    val, pos = _counted_vocab_top_k(cand, k)                                # cand is in gidx order
     # Padding (-inf, past every real index) is chosen only when fewer than k entries exist at all.
     return val, jnp.minimum(jnp.take_along_axis(gidx, pos, -1), v - 1)
 

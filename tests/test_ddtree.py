@@ -428,7 +428,7 @@ def test_vocab_top_k_equals_stable_top_k_either_way(method, top_k_env):
     from jaxspec.ddtree import vocab_top_k
     top_k_env(method)
     rng = np.random.default_rng(1)
-    for v, k in ((248320, 64), (20000, 64), (4097, 1), (300, 64)):
+    for v, k in ((248320, 64), (248320, 63), (20000, 64), (4097, 1), (300, 64), (70000, 256)):
         x = rng.integers(-40, 0, (2, 3, v)).astype(np.float32)
         x[1, 2] = -np.inf
         x[1, 2, [5, v - 1]] = -1.0
@@ -436,6 +436,17 @@ def test_vocab_top_k_equals_stable_top_k_either_way(method, top_k_env):
         want = jax.lax.top_k(jnp.asarray(x), k)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_counted_vocab_top_k_levels():
+    """The vocabulary is counted in rows of at most COUNT_ROW while chunking shrinks it: at the real shape
+    three rows of about 1000 (session 46; before, 3880 chunk maxima and 4032 candidates); a budget too large to
+    shrink the row counts it whole, and top_k_method then sorts."""
+    from jaxspec import ddtree
+    assert ddtree._count_plan(248320, 63) == [970, 1008, 1008]
+    assert ddtree._count_plan(248320, 8) == [970, 128, 128]
+    assert ddtree._count_plan(300, 64) == [300]
+    assert ddtree._count_plan(248320, 1024) == [248320]
 
 
 @pytest.mark.parametrize("kind", ["integer", "coarse", "normal"])
