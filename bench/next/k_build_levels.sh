@@ -1,0 +1,44 @@
+#!/bin/bash
+# #6 (nvidia-h200, one call, ~8 min): session 46's two unmeasured or partly measured changes, against _base/.
+#   The caller makes _base/ first (the tree before the build change, same kernels):
+#     mkdir _base && git archive 370c9b6 jaxspec pallas_kernels bench convert pyproject.toml ':!jaxspec/demo' \
+#       ':!bench/results' ':!bench/next' | tar x -C _base
+#   1. The tree build alone (bench.tree_build, B = 63 and 64, 12 longest kernels), _base/ then the tree.
+#      cd9b723 counts the vocabulary's top-k in levels of at most 1024 entries (970 chunk maxima, 1008 sub-chunk
+#      maxima, 1008 candidates: 3M comparisons a depth) where _base counted 3880 maxima and 4032 candidates (31M),
+#      two reductions of ~87 and ~151 us a tree (bench/results/2026-12-04-h200-s46/call2-round-trace/).
+#      On the 2-core CPU host (count forced) the build went 2143 -> 712 ms.
+#      Predicted: build 0.57-0.59 -> 0.35-0.45 ms at B = 63 and 64.
+#   2. The rounds at 1K (DDTree(63), DFlash), _base/ then the tree, one lease. Predicted: DDTree(63) 0.15-0.25 ms
+#      shorter, DFlash unchanged (+-0.15).
+#   3. The tree delta rule's GPU tests in full (b987f00's doubling tile inverse has not run them: in session 46's
+#      call 3 the 170 s limit stopped them after 16 passes, with 3acf3cb's apply), then the engine's lossless test.
+#   OUT=... bash bench/next/k_build_levels.sh     (writes $OUT/build-levels.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry
+#   run, which skips the GPU tests)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+OUT=${OUT:?}
+CONFIG=${CONFIG:-real}
+W=$(mktemp -d)
+START=$SECONDS
+save() { tar czf $OUT/build-levels.tgz -C $W .; }
+trap save EXIT
+[ -d _base ] || { echo "make _base/ first (see the script's header)"; exit 2; }
+build() {  # NAME
+  timeout 90 python -m bench.tree_build --budgets 63,64 --kernels 12 --out $W/build-$1.json > $W/build-$1.log 2>&1
+  echo "build $1 rc=$? at $((SECONDS - START)) s"; grep "tree_build B=" $W/build-$1.log | cut -c1-120
+}
+rounds() {  # NAME
+  timeout 150 python -m bench.rounds --config $CONFIG --context 1024 --phases ddtree,dflash --rounds-only \
+    --budgets 63 --round-budget 63 --max-len 8192 --out $W/rounds-$1.json > $W/rounds-$1.log 2>&1
+  echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep "_round " $W/rounds-$1.log | cut -c1-120
+}
+(cd _base && build base); build new; save
+(cd _base && rounds base); rounds new; save
+if [ "$JAX_PLATFORMS" != cpu ]; then
+  timeout 150 python -m pytest -q -rA -m gpu tests/test_tree_delta_rule_kernel.py -p no:cacheprovider \
+    > $W/gpu-tests-tdr.log 2>&1
+  echo "tdr tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests-tdr.log; save
+  timeout 110 python -m pytest -q -rA -m gpu tests/test_kernels_engine.py -p no:cacheprovider \
+    > $W/gpu-tests-engine.log 2>&1
+  echo "engine tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests-engine.log
+fi
