@@ -38,6 +38,10 @@ DEFAULT_BUDGET = 63
 # 16's best was 0.97x; on the 48, 0.92x (bench/results/2026-12-03-h200-s34/cpu-block8/).
 CPU_BUDGET = 8
 CPU_BLOCK = 8
+# The demo's comparison times each method this many times, in turn, and reports the median run: on a
+# 2-core host single runs of the default gave 0.72x-0.93x AR minutes apart (session 46,
+# bench/results/2026-12-04-cpu-demo-repeats-session46.log).
+REPEATS = 3
 MTP_TOKENS = 3
 
 
@@ -108,6 +112,10 @@ def parser() -> argparse.ArgumentParser:
                         "The drafter only proposes and the target checks every token, so e.g. a bfloat16 drafter "
                         "under a float32 target changes the speed and the acceptance, never the output")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"the demo's comparison (no --model, no --method): timed runs of each method, taken in turn; "
+                        f"each line gives the median run (default: {REPEATS}). Runs of well under a second on a "
+                        "shared CPU vary by tens of percent")
     p.add_argument("--rounds-per-call", type=int, default=8,
                    help="decode rounds per compiled call between streamed prints (default: %(default)s)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: heads, GDN groups, MLP and "
@@ -133,6 +141,11 @@ def main(argv=None) -> int:
         parser().error(str(e))
     if args.max_new_tokens < 1:
         parser().error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.repeats is not None and args.repeats < 1:
+        parser().error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats is not None and not compare:
+        parser().error("--repeats only applies to the demo's comparison (no --model, no --method)")
+    args.repeats = args.repeats or REPEATS
     if args.method in ("dflash", "ddtree") and not args.draft:
         parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
     if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size or args.draft_dtype):
@@ -300,27 +313,33 @@ def _label(args, method: str, target_dtype: str) -> str:
 
 
 def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
-    """The demo: AR and DDTree on the same prompt, each compiled first and then timed; the DDTree text, tau
-    and the speedup."""
+    """The demo: AR and DDTree on the same prompt, each compiled first, then timed `--repeats` times in turn
+    (AR, DDTree, AR, ...) so that both meet the same load on the host; the DDTree text, tau and the speedup
+    of the median runs."""
     from jaxspec.engine import Engine
-    runs = {}
-    for name, spec in (("ar", None), (args.method, speculator)):
-        engine = Engine(model, spec, sampling=sampling, stop_tokens=stops)
-        kw = dict(max_len=args.max_len, seed=args.seed)
-        try:
+    engines, timed = {}, {}
+    kw = dict(max_len=args.max_len, seed=args.seed)
+    try:
+        for name, spec in (("ar", None), (args.method, speculator)):
+            engine = Engine(model, spec, sampling=sampling, stop_tokens=stops)
             t = time.perf_counter()
             engine.generate([ids], args.max_new_tokens, **kw)              # compiles
-            compile_s = time.perf_counter() - t
-            runs[name] = (engine.generate([ids], args.max_new_tokens, **kw), compile_s)
-        except ValueError as e:
-            print(f"\nerror: {e}", file=sys.stderr)
-            return 2
+            engines[name] = (engine, time.perf_counter() - t)
+        for _ in range(args.repeats):
+            for name, (engine, _) in engines.items():
+                timed.setdefault(name, []).append(engine.generate([ids], args.max_new_tokens, **kw))
+    except ValueError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 2
+    median = lambda rs: sorted(rs, key=lambda r: r.decode_s)[len(rs) // 2]
+    runs = {name: (median(timed[name]), compile_s) for name, (_, compile_s) in engines.items()}
+    of = f" (median of {args.repeats} runs)" if args.repeats > 1 else ""
     res, _ = runs[args.method]
     sys.stdout.write(args.prompt + tok.decode(res.tokens[0]) + "\n")
     for name, (r, compile_s) in runs.items():
         n = r.n_tokens
         label = _label(args, name, model.cfg.dtype)
-        print(f"[{label}: {n} tokens in {r.decode_s:.3f}s ({n / max(r.decode_s, 1e-9):.1f} tok/s; compiled in "
+        print(f"[{label}: {n} tokens in {r.decode_s:.3f}s{of} ({n / max(r.decode_s, 1e-9):.1f} tok/s; compiled in "
               f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {int(r.rounds.sum())} rounds]",
               file=sys.stderr)
     ar, sp = runs["ar"][0], res

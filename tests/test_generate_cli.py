@@ -37,6 +37,25 @@ def test_default_runs_and_says_it_is_random(tmp_path):
     assert "5 tokens" in out.stderr and "tok/s" in out.stderr
 
 
+def test_demo_comparison_times_each_method_in_turn(dirs, tmp_path, monkeypatch, capsys):
+    """The demo's comparison (no --model, no --method) on a pair laid out as jaxspec/demo is: each method compiled,
+    then timed --repeats times, AR and DDTree in turn; each line names the median of the runs."""
+    import jaxspec.engine as E
+    target, draft = dirs
+    demo = tmp_path / "demo"
+    with_small_tokenizer(target, demo / "target")
+    (demo / "drafter").symlink_to(draft)
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(demo))
+    calls = []
+    real = E.Engine.generate
+    monkeypatch.setattr(E.Engine, "generate", lambda self, *a, **kw: calls.append(self.spec.name) or real(self, *a, **kw))
+    assert main(["--prompt", "def f(x):", "--max-new-tokens", "6", "--repeats", "2"]) == 0
+    err = capsys.readouterr().err
+    assert calls == ["ar", "ddtree", "ar", "ddtree", "ar", "ddtree"]          # compile each, then in turn
+    assert err.count("(median of 2 runs)") == 2 and "ddtree speedup over AR" in err
+    assert "same tokens as AR: yes" in err
+
+
 def test_tokenizer_beyond_the_vocab_is_refused(dirs, capsys):
     target, draft = dirs
     # No tokenizer files in the tiny checkpoint: the Qwen3.6 vocabulary's ids exceed its 256 tokens.
@@ -45,21 +64,25 @@ def test_tokenizer_beyond_the_vocab_is_refused(dirs, capsys):
     assert "vocab_size 256" in capsys.readouterr().err
 
 
-def test_dflash_cli(dirs, tmp_path, capsys):
-    target, draft = dirs
-    # A byte-level tokenizer small enough for the tiny vocabulary, written as tokenizer.json.
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+def with_small_tokenizer(target, model_dir):
+    """A copy of the tiny target in model_dir with a byte-level tokenizer small enough for its 256-token
+    vocabulary, written as tokenizer.json."""
+    import shutil
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    from tokenizers import trainers
     tok.train_from_iterator(["def f(x):\n    return x\n"] * 5, trainers.BpeTrainer(
         vocab_size=256, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]))
-    import shutil
-    model_dir = tmp_path / "model"
     shutil.copytree(target, model_dir)
-    from transformers import PreTrainedTokenizerFast
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(model_dir)
+    return model_dir
+
+
+def test_dflash_cli(dirs, tmp_path, capsys):
+    target, draft = dirs
+    model_dir = with_small_tokenizer(target, tmp_path / "model")
     args = ["--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "12", "--ignore-eos"]
     assert main(args) == 0
     ar = capsys.readouterr()
@@ -136,6 +159,8 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--budget", "4"], "--budget only"),
     (["--draft-dtype", "bfloat16"], "--draft-dtype only apply"),
     (["--method", "ddtree"], "--draft"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--method", "ar", "--repeats", "2"], "--repeats only applies"),
 ])
 def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))   # the demo pair supplies --draft
