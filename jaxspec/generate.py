@@ -39,7 +39,7 @@ DEFAULT_BUDGET = 63
 CPU_BUDGET = 8
 CPU_BLOCK = 8
 # The demo's comparison times each method this many times, in turn, and reports the median run: on a
-# 2-core host single runs of the default gave 0.72x-0.93x AR minutes apart (session 46,
+# 2-core host single runs of the default gave 0.83x-1.07x AR minutes apart, the median of three 1.01x-1.05x (session 46,
 # bench/results/2026-12-04-cpu-demo-repeats-session46.log).
 REPEATS = 3
 MTP_TOKENS = 3
