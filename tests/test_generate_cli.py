@@ -48,7 +48,8 @@ def test_demo_comparison_times_each_method_in_turn(dirs, tmp_path, monkeypatch, 
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(demo))
     calls = []
     real = E.Engine.generate
-    monkeypatch.setattr(E.Engine, "generate", lambda self, *a, **kw: calls.append(self.spec.name) or real(self, *a, **kw))
+    monkeypatch.setattr(E.Engine, "generate",
+                        lambda self, *a, **kw: calls.append(self.spec.name) or real(self, *a, **kw))
     assert main(["--prompt", "def f(x):", "--max-new-tokens", "6", "--repeats", "2"]) == 0
     err = capsys.readouterr().err
     assert calls == ["ar", "ddtree", "ar", "ddtree", "ar", "ddtree"]          # compile each, then in turn
