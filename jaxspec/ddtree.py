@@ -221,23 +221,23 @@ def vocab_top_k(x, k: int):
 COUNT_ROW = 1024
 
 
-def _chunk(v: int, k: int) -> int:
-    """The chunk size of one level over v entries: the smallest power of two >= 16 that leaves at most
-    max(COUNT_ROW, k) chunks."""
+def _level(v: int, k: int) -> int | None:
+    """The chunk size of one level of _counted_vocab_top_k over v entries: the smallest power of two >= 16 that
+    leaves at most max(COUNT_ROW, k) chunks; None where the v entries are counted whole (short enough, or
+    chunking would not shrink them)."""
+    if v <= max(COUNT_ROW, k):
+        return None
     c = 16
     while -(-v // c) > max(COUNT_ROW, k):
         c *= 2
-    return c
+    return None if k * c >= v else c
 
 
 def _count_plan(v: int, k: int) -> list[int]:
     """The row lengths _counted_vocab_top_k counts over v entries: each level's chunk count, then the last
     candidates."""
     rows = []
-    while v > max(COUNT_ROW, k):
-        c = _chunk(v, k)
-        if k * c >= v:                 # chunking would not shrink the row
-            break
+    while (c := _level(v, k)) is not None:
         rows.append(-(-v // c))
         v = k * c
     return rows + [v]
@@ -251,10 +251,10 @@ def _counted_vocab_top_k(x, k: int):
     maximum, which is larger, or equal and at a lower index), so k entries would come before x_i. The chosen
     chunks' entries are kept in ascending index order, so a lower position among them is a lower index."""
     v = x.shape[-1]
-    c = _chunk(v, k)
-    n = -(-v // c)
-    if v <= max(COUNT_ROW, k) or k * c >= v:
+    c = _level(v, k)
+    if c is None:
         return counted_top_k(x, k)
+    n = -(-v // c)
     lead = x.shape[:-1]
     xp = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n * c - v)], constant_values=-jnp.inf)
     xc = xp.reshape(lead + (n, c))
