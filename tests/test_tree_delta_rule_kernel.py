@@ -74,6 +74,15 @@ def test_kernel_split_m(seed, n):
         interpret(*args, split_m=True, gram_inside=True)
 
 
+@pytest.mark.parametrize("n,split_m", [(16, False), (40, False), (65, True)])
+def test_kernel_split_keys(seed, n, split_m):
+    """W = Tb E K and U = E Q - M E K in their own kernel, a program per tile of rows and key chunk (two
+    chunks of 16 here), equal the reference: grouped heads, trees, with M formed either way."""
+    args, _ = make_inputs(seed, Spec(2, n, 6, 32, 24, "tree", key_heads=2))
+    out = interpret(*args, split_keys=True, split_m=split_m, key_chunk=16)
+    assert_matches(out, reference.tree_delta_rule(*args))
+
+
 def test_grouped_heads_equal_repeated_heads(seed):
     """Key heads serving several value heads are the same rule as the keys repeated per value head
     (value head h reads key head h // rep), in every implementation; shapes that do not group are refused."""
@@ -240,12 +249,13 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-@pytest.mark.parametrize("n,split_m", [(1, False), (65, False), (65, True)])
+@pytest.mark.parametrize("n,split_m,split_keys", [(1, False, False), (65, False, False), (65, True, False),
+                                                  (64, False, True)])
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
-def test_triton_lowering(n, split_m, precision):
+def test_triton_lowering(n, split_m, split_keys, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
     two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five, with M in
-    prepare or in its own kernel. (Compiling it needs the GPU.)"""
+    prepare or in its own kernel, W and U in the apply or in their own kernel. (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
     f32 = jnp.float32
@@ -254,10 +264,11 @@ def test_triton_lowering(n, split_m, precision):
     shapes = (S((b, n, hk, dk), f32), S((b, n, hk, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, split_m=split_m))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, split_m=split_m,
+                                                         split_keys=split_keys))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    assert hlo.count("__gpu$xla.gpu.triton") == 2 + split_m      # prepare (+ mix) + apply
+    assert hlo.count("__gpu$xla.gpu.triton") == 2 + split_m + split_keys     # prepare (+ mix) (+ keys) + apply
     assert "triangular_solve" not in hlo
 
 
@@ -338,6 +349,15 @@ def test_gpu_kernel_split_m(seed, n, shape):
     """M = P Tb in its own kernel (`split_m`), compiled, at the real shape."""
     args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_m=True))
+    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
+
+
+@on_gpu
+@pytest.mark.parametrize("n,shape", [(16, "chain"), (64, "tree"), (65, "tree")])
+def test_gpu_kernel_split_keys(seed, n, shape):
+    """W and U in their own kernel (`split_keys`), compiled, at the real shape."""
+    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_keys=True))
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 

@@ -37,6 +37,12 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   (one dot over all N nodes instead of a loop over tiles) was slower on the H200: 57.0 / 79.0 us a layer
   for the op at N = 64 / 65 against 51.1 / 60.6, and with the key chunks unrolled too 107.6 / 595.6
   (session 46).
+* `_keys_kernel` (opt-in, `split_keys`): W = Tb E K and U = E Q - M E K for one tile of rows and one key
+  chunk per program, written out, so that each `_apply` program only multiplies W and U into S0 and adds
+  Tb V and M V. In the round's profile (session 46) the apply took 21.5 us a layer at N = 64: its program for
+  the last tile runs the key chunks in sequence, each with a loop over all tiles j <= i. Split, that chain
+  is spread over 4x the programs at the cost of one more launch and W and U's round trip through memory
+  (2 x 1.5 MB a layer at N = 64). Not yet timed on the GPU.
 
 Every value a program computes and reads again stays in its registers; anything read across tiles
 goes through the next kernel (reading back a program's own writes would need a barrier between its
@@ -163,21 +169,24 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
                 m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
 
 
+def _row_tile(t):
+    return pl.ds(pl.multiple_of(t * TILE, TILE), TILE)
+
+
 def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
     """M_ij = sum_{j<=l<=i} P_il Tb_lj for one tile of rows i (a program per batch row, value head and row
     tile): the part of `_prepare_kernel` that needs no substitution, spread over the SMs instead of run in
     each head's serial chain."""
     dot = functools.partial(_dot, precision=precision)
     i = pl.program_id(2)
-    tile = lambda t: pl.ds(pl.multiple_of(t * TILE, TILE), TILE)
-    ri = tile(i)
+    ri = _row_tile(i)
     G_i = G_ref[ri]
 
     def column(j, carry):
-        rj = tile(j)
+        rj = _row_tile(j)
 
         def term(l, acc):
-            rl = tile(l)
+            rl = _row_tile(l)
             return acc + dot(_decay(G_i, G_ref[rl], anc_ref[ri, rl]) * qk_ref[ri, rl], tb_ref[rl, rj])
 
         m_ref[ri, rj] = lax.fori_loop(j, i + 1, term, jnp.zeros((TILE, TILE), jnp.float32))
@@ -186,35 +195,61 @@ def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
     lax.fori_loop(0, i + 1, column, 0)
 
 
-def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
-    """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
-    with the sums over j taken before the product with S0 (Tb E K and M E K, tile x key chunk), so
-    that each program multiplies S0 twice, not twice per tile j."""
+def _key_products(q_ref, k_ref, G_ref, tb_ref, m_ref, i, cs, precision):
+    """W_i = sum_{j<=i} Tb_ij e^G_j K_j  and  U_i = e^G_i Q_i - sum_{j<=i} M_ij e^G_j K_j  on the key dims cs
+    ([T, key chunk] each): the key-side factors of Delta_i = Tb_i V - W_i S0 and O_i = U_i S0 + M_i V."""
     dot = functools.partial(_dot, precision=precision)
+    ri = _row_tile(i)
+
+    def node_tile(j, wm):
+        rj = _row_tile(j)
+        ek = jnp.exp(G_ref[rj])[:, None] * k_ref[rj, cs]
+        return wm[0] + dot(tb_ref[ri, rj], ek), wm[1] + dot(m_ref[ri, rj], ek)
+
+    zero = jnp.zeros((TILE, cs.size), jnp.float32)
+    w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
+    return w, jnp.exp(G_ref[ri])[:, None] * q_ref[ri, cs] - mek
+
+
+def _keys_kernel(q_ref, k_ref, G_ref, tb_ref, m_ref, w_ref, u_ref, *, precision):
+    """W and U (`_key_products`) for one tile of rows and one key chunk (`split_keys`: a program per batch
+    row, value head, row tile and key chunk), so that `_apply_kernel` only multiplies them into S0."""
+    i = pl.program_id(2)
+    cs = pl.ds(0, w_ref.shape[-1])
+    w, u = _key_products(q_ref, k_ref, G_ref, tb_ref, m_ref, i, cs, precision)
+    ri = _row_tile(i)
+    w_ref[ri, :] = w
+    u_ref[ri, :] = u
+
+
+def _apply_kernel(*refs, precision, key_chunk, split_keys):
+    """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
+    with the sums over j taken before the product with S0 (W and U of `_key_products`, tile x key chunk),
+    so that each program multiplies S0 twice, not twice per tile j. With `split_keys` W and U come from
+    `_keys_kernel`; else each program forms its own, a key chunk at a time."""
+    dot = functools.partial(_dot, precision=precision)
+    if split_keys:
+        w_ref, u_ref, v_ref, s0_ref, tb_ref, m_ref, o_ref, delta_ref = refs
+        key_side = lambda i, cs: (w_ref[_row_tile(i), cs], u_ref[_row_tile(i), cs])
+    else:
+        q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref = refs
+        key_side = lambda i, cs: _key_products(q_ref, k_ref, G_ref, tb_ref, m_ref, i, cs, precision)
     i = pl.program_id(3)
-    ri = pl.ds(pl.multiple_of(i * TILE, TILE), TILE)
-    e_i = jnp.exp(G_ref[ri])[:, None]
+    ri = _row_tile(i)
 
     def key_chunk_step(c, acc):
         cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
-
-        def node_tile(j, wm):
-            rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
-            ek = jnp.exp(G_ref[rj])[:, None] * k_ref[rj, cs]
-            return wm[0] + dot(tb_ref[ri, rj], ek), wm[1] + dot(m_ref[ri, rj], ek)
-
-        zero = jnp.zeros((TILE, key_chunk), jnp.float32)
-        w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
+        w, u = key_side(i, cs)
         s0 = s0_ref[cs, :]
-        return acc[0] - dot(w, s0), acc[1] + dot(e_i * q_ref[ri, cs] - mek, s0)
+        return acc[0] - dot(w, s0), acc[1] + dot(u, s0)
 
     def value_step(j, acc):
-        rj = pl.ds(pl.multiple_of(j * TILE, TILE), TILE)
+        rj = _row_tile(j)
         v_j = v_ref[rj, :]
         return acc[0] + dot(tb_ref[ri, rj], v_j), acc[1] + dot(m_ref[ri, rj], v_j)
 
     zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
-    acc = lax.fori_loop(0, k_ref.shape[-1] // key_chunk, key_chunk_step, (zero, zero))
+    acc = lax.fori_loop(0, s0_ref.shape[0] // key_chunk, key_chunk_step, (zero, zero))
     delta, o = lax.fori_loop(0, i + 1, value_step, acc)
     delta_ref[ri, :] = delta
     o_ref[ri, :] = o
@@ -225,9 +260,9 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "split_m"))
+                                             "gram_inside", "split_m", "split_keys"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, split_m=False):
+                    precision="ieee", gram_inside=None, split_m=False, split_keys=False):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -240,6 +275,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
     split_m: M = P Tb in `_mix_kernel`, a program per tile of rows, rather than in `_prepare`'s serial chain
     (needs the Gram products ahead of the kernels: not with gram_inside).
+    split_keys: W = Tb E K and U = E Q - M E K in `_keys_kernel`, a program per tile of rows and key chunk,
+    rather than in each `_apply` program (which then loops over the key chunks and, inside, over the tiles
+    j <= i: the longest chain of the apply at N = 64).
     """
     b, n, h, dv = v.shape
     dk = q.shape[3]
@@ -320,17 +358,36 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi // rep, 0))
     vals = pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci, ti: (bi, 0, hi, ci))
     per_head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi, ci, ti: (bi, hi) + (0,) * len(blk))
+    if split_keys:
+        # grid: batch, value head, tile of nodes, key chunk
+        chunk_rows = pl.BlockSpec((None, n_pad, None, key_chunk), lambda bi, hi, ti, ci: (bi, 0, hi // rep, ci))
+        head_square = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi, ti, ci: (bi, hi, 0, 0))
+        head_chunk = pl.BlockSpec((None, None, n_pad, key_chunk), lambda bi, hi, ti, ci: (bi, hi, 0, ci))
+        key_side = pl.pallas_call(
+            functools.partial(_keys_kernel, precision=prec),
+            out_shape=(jax.ShapeDtypeStruct((b, h, n_pad, dkp), f32),) * 2,
+            grid=(b, h, nt, dkp // key_chunk),
+            in_specs=[chunk_rows, chunk_rows, pl.BlockSpec((None, n_pad, None), lambda bi, hi, ti, ci: (bi, 0, hi)),
+                      head_square, head_square],
+            out_specs=[head_chunk, head_chunk],
+            compiler_params=params,
+            interpret=interpret,
+            name="tree_delta_rule_keys",
+        )(q, k, G, tb, m)
+        key_args, key_specs = key_side, [per_head(n_pad, dkp)] * 2
+    else:
+        key_args, key_specs = (q, k), [keys, keys]
+    by_head = pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci, ti: (bi, 0, hi))
+    state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci, ti: (bi, hi, 0, ci))
     o, delta = pl.pallas_call(
-        functools.partial(_apply_kernel, precision=prec, key_chunk=key_chunk),
+        functools.partial(_apply_kernel, precision=prec, key_chunk=key_chunk, split_keys=split_keys),
         out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),
                    jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32)),
         grid=(b, h, dvp // block_dv, nt),
-        in_specs=[keys, keys, vals, pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci, ti: (bi, hi, 0, ci)),
-                  pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci, ti: (bi, 0, hi)),
-                  per_head(n_pad, n_pad), per_head(n_pad, n_pad)],
+        in_specs=key_specs + [vals, state] + ([] if split_keys else [by_head]) + [per_head(n_pad, n_pad)] * 2,
         out_specs=[vals, vals],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_apply",
-    )(q, k, v, s0, G, tb, m)
+    )(*key_args, v, s0, *(() if split_keys else (G,)), tb, m)
     return o[:, :n, :, :dv], delta[:, :n, :, :dv], G[:, :n]
