@@ -1,0 +1,26 @@
+#!/bin/bash
+# #6 (nvidia-h200, one call, ~5 min): XLA's split-K for the verify's products, on or off.
+# In session 46's DDTree(63) round (bench/results/2026-12-04-h200-s46/call2-round-trace/, optimized HLO) the GDN in_proj
+# product at 64 rows is split in two along K: it writes f32[2, 64, 16480] (8.4 MB), and two fusions a layer sum the
+# halves again (loop_convert_fusion.47, the norm scale and bf16 cast: 3.9 us; loop_convert_fusion.95, the z gate:
+# 2.2 us): 0.29 ms a round over 48 layers (0.20 at 16 rows, DFlash). `xla_gpu_enable_split_k_autotuning` is gone from
+# this jaxlib (a reserved name); `--xla_gpu_experimental_force_split_k=1` forces one K split on every Triton product.
+#   The rounds at 1K, default then with the flag, one lease. Predicted: the split-K sums leave (0.2-0.3 ms of
+#   kernels); the products, now fewer programs along K, get 0-0.4 ms longer. Net: DDTree(63) -0.3..+0.2 ms, DFlash
+#   -0.2..+0.2. If a round is >= 0.2 ms shorter and neither longer: set the flag in jaxspec's XLA defaults for GPUs
+#   (engine.py, beside LOOP_GRAPH_OPTIONS: the loop's compile options), with this run as the reason; else drop it.
+#   OUT=... bash bench/next/k_force_split_k.sh     (writes $OUT/force-split-k.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry run)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+OUT=${OUT:?}
+CONFIG=${CONFIG:-real}
+W=$(mktemp -d)
+START=$SECONDS
+trap 'tar czf $OUT/force-split-k.tgz -C $W .' EXIT
+rounds() {  # NAME [XLA flags]
+  local flags; flags=$(echo $XLA_FLAGS $2)      # never a lone space: XLA reads that as a file name
+  XLA_FLAGS="$flags" timeout 140 python -m bench.rounds --config $CONFIG --context 1024 --phases ddtree,dflash \
+    --rounds-only --budgets 63 --round-budget 63 --max-len 8192 --out $W/rounds-$1.json > $W/rounds-$1.log 2>&1
+  echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep "_round " $W/rounds-$1.log | cut -c1-120
+}
+rounds default
+rounds force1 --xla_gpu_experimental_force_split_k=1
