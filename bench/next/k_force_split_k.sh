@@ -1,13 +1,16 @@
 #!/bin/bash
-# #6 (nvidia-h200, one call, ~5 min): XLA's split-K for the verify's products, on or off.
+# #6 (nvidia-h200, one call, ~6 min): XLA's split-K for the verify's products, forced to 1, 2 or 4 splits.
 # In session 46's DDTree(63) round (bench/results/2026-12-04-h200-s46/call2-round-trace/, optimized HLO) the GDN in_proj
 # product at 64 rows is split in two along K: it writes f32[2, 64, 16480] (8.4 MB), and two fusions a layer sum the
 # halves again (loop_convert_fusion.47, the norm scale and bf16 cast: 3.9 us; loop_convert_fusion.95, the z gate:
-# 2.2 us): 0.29 ms a round over 48 layers (0.20 at 16 rows, DFlash). `xla_gpu_enable_split_k_autotuning` is gone from
-# this jaxlib (a reserved name); `--xla_gpu_experimental_force_split_k=1` forces one K split on every Triton product.
-#   The rounds at 1K, default then with the flag, one lease. Predicted: the split-K sums leave (0.2-0.3 ms of
-#   kernels); the products, now fewer programs along K, get 0-0.4 ms longer. Net: DDTree(63) -0.3..+0.2 ms, DFlash
-#   -0.2..+0.2. If a round is >= 0.2 ms shorter and neither longer: set the flag in jaxspec's XLA defaults for GPUs
+# 2.2 us): 0.29 ms a round over 48 layers (0.20 at 16 rows, DFlash). In the DFlash round the MLP's down product at
+# 16 rows is split in 8 (f32[8, 16, 5120]) and the residual add sums the partials: 126 fusions of 2 us, 0.26 ms.
+# `xla_gpu_enable_split_k_autotuning` is gone from this jaxlib (a reserved name);
+# `--xla_gpu_experimental_force_split_k=S` forces S K splits on every Triton product.
+#   The rounds at 1K, default then with S = 1, 2, 4, one lease. Predicted for S = 1: the split-K sums leave (0.4-0.5
+#   ms of kernels in DFlash, ~0.3 in DDTree(63)), but a 16-row product with N = 5120 has too few programs to stream
+#   its weights without splitting K: the products get 0.3-1.0 ms longer. Net: DFlash +0.5..-0.2 ms, DDTree(63)
+#   +0.3..-0.2; S = 2 / 4 between. If a round is >= 0.2 ms shorter and neither longer: set the flag
 #   (engine.py, beside LOOP_GRAPH_OPTIONS: the loop's compile options), with this run as the reason; else drop it.
 #   OUT=... bash bench/next/k_force_split_k.sh     (writes $OUT/force-split-k.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry run)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -23,4 +26,4 @@ rounds() {  # NAME [XLA flags]
   echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep "_round " $W/rounds-$1.log | cut -c1-120
 }
 rounds default
-rounds force1 --xla_gpu_experimental_force_split_k=1
+for S in ${SPLITS:-1 2 4}; do rounds force$S --xla_gpu_experimental_force_split_k=$S; done
