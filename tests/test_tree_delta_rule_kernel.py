@@ -264,11 +264,16 @@ def test_triton_lowering(n, split_m, split_keys, precision):
     shapes = (S((b, n, hk, dk), f32), S((b, n, hk, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, split_m=split_m,
-                                                         split_keys=split_keys))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, gram_precision=precision,
+                                                         split_m=split_m, split_keys=split_keys))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert hlo.count("__gpu$xla.gpu.triton") == 2 + split_m + split_keys     # prepare (+ mix) (+ keys) + apply
+    # Beyond one tile, one product ahead of the kernels forms Q K^T and K K^T, at the precision asked for.
+    assert hlo.count("stablehlo.dot_general") == (n > pallas_triton.TILE)
+    if n > pallas_triton.TILE:
+        dot = next(line for line in hlo.splitlines() if "stablehlo.dot_general" in line)
+        assert ("num_primitive_operations = 3" if precision == "tf32x3" else "[HIGHEST, HIGHEST]") in dot
     assert "triangular_solve" not in hlo
 
 
@@ -358,6 +363,15 @@ def test_gpu_kernel_split_keys(seed, n, shape):
     """W and U in their own kernel (`split_keys`), compiled, at the real shape."""
     args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_keys=True))
+    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
+
+
+@on_gpu
+@pytest.mark.parametrize("n,shape", [(64, "tree"), (65, "chain")])
+def test_gpu_kernel_gram_tf32x3(seed, n, shape):
+    """The Gram products ahead of the kernels in three tf32 passes (`gram_precision`), at the real shape."""
+    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, gram_precision="tf32x3"))
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 

@@ -10,9 +10,9 @@
 #      On the 2-core CPU host (count forced) the build went 2143 -> 712 ms.
 #      Predicted: build 0.57-0.59 -> 0.35-0.45 ms at B = 63 and 64.
 #   2. The rounds at 1K (DDTree(63), DFlash), _base/ then the tree, one lease. Predicted: DDTree(63) 0.15-0.25 ms
-#      shorter, DFlash unchanged (+-0.15).
-#   3. The tree delta rule's GPU tests in full (b987f00's doubling tile inverse has not run them: in session 46's
-#      call 3 the 170 s limit stopped them after 16 passes, with 3acf3cb's apply), then the engine's lossless test.
+#      shorter, DFlash unchanged (+-0.15). Since session 47 the tree also forms the tree delta rule's Gram products as
+#      one product read in halves (k_tdr_keys_gram.sh's a, ~0.07 ms at DDTree(63)): subtract what that call measured.
+#   3. The engine's lossless GPU test with every kernel on (the tree delta rule's GPU file runs in k_tdr_keys_gram.sh).
 #   OUT=... bash bench/next/k_build_levels.sh     (writes $OUT/build-levels.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry
 #   run, which skips the GPU tests)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -35,9 +35,6 @@ rounds() {  # NAME
 (cd _base && build base); build new; save
 (cd _base && rounds base); rounds new; save
 if [ "$JAX_PLATFORMS" != cpu ]; then
-  timeout 150 python -m pytest -q -rA -m gpu tests/test_tree_delta_rule_kernel.py -p no:cacheprovider \
-    > $W/gpu-tests-tdr.log 2>&1
-  echo "tdr tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests-tdr.log; save
   timeout 110 python -m pytest -q -rA -m gpu tests/test_kernels_engine.py -p no:cacheprovider \
     > $W/gpu-tests-engine.log 2>&1
   echo "engine tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests-engine.log

@@ -12,13 +12,17 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
     Tb = (I + A)^-1 B      M = P Tb      Delta = Tb V - (Tb E K) S0      O = (E Q - M E K) S0 + M V
 
 * The Gram matrices K K^T and Q K^T per key head: for blocks of more than one tile, batched XLA products
-  (fp32, full precision) ahead of the kernels. In the kernel they cost a serial chain of K and Q loads and
+  (fp32) ahead of the kernels. In the kernel they cost a serial chain of K and Q loads and
   FMA dots: at the real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a
   25.6 ms verify(65), bench/results/2026-11-30-h200-verify-profile). For a block of one tile (a DFlash
   block of 16) they are one small dot each inside `_prepare_kernel`, which saves the products' launches.
   A kernel of their own (a program per batch row, key head and tile of rows) was slower on the H200 than
   XLA's dot with its slice and transpose (28.9 / 32.4 against 27.5 / 29.9 us a layer for the whole rule at
-  N = 64 / 65, bench/results/2026-12-04-h200-s44/tdr-gram/), and was removed.
+  N = 64 / 65, bench/results/2026-12-04-h200-s44/tdr-gram/), and was removed. XLA already merged the two into
+  one product, [Q; K] K^T, then sliced its output in two (1.4 us a layer at N = 64 in session 46's round); the
+  product is now written that way and both kernels read their half of it through their index maps. In fp32
+  (`gram_precision="ieee"`) XLA ran it as 8.5 us of FMA tiles; "tf32x3" (three tf32 tensor-core passes) is
+  the opt-in to try (not yet timed).
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
   substitution, the diagonal tiles' inverses by recursive doubling of their diagonal blocks (six [T, T] dots
@@ -260,9 +264,9 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "split_m", "split_keys"))
+                                             "gram_inside", "gram_precision", "split_m", "split_keys"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, split_m=False, split_keys=False):
+                    precision="ieee", gram_inside=None, gram_precision="ieee", split_m=False, split_keys=False):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -273,6 +277,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
     fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
+    gram_precision: "ieee" or "tf32x3" for those products ahead of the kernels (XLA's, not the kernels' dots).
     split_m: M = P Tb in `_mix_kernel`, a program per tile of rows, rather than in `_prepare`'s serial chain
     (needs the Gram products ahead of the kernels: not with gram_inside).
     split_keys: W = Tb E K and U = E Q - M E K in `_keys_kernel`, a program per tile of rows and key chunk,
@@ -313,20 +318,21 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
     # beta and G are strided columns of [B, N, H].
     key_rows = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi: (bi, 0, hi // rep, 0))
-    key_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 0, 0))
+    # The Gram products below stack Q K^T (rows 0..n_pad) over K K^T (rows n_pad..2 n_pad) per key head.
+    query_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 0, 0))
+    key_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 1, 0))
     nodes = pl.BlockSpec((None, n_pad, None), lambda bi, hi: (bi, 0, hi))
     square = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi, 0, 0))
     tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
     if gram_inside:
         gram_args, gram_specs = (q, k), [key_rows, key_rows]
     else:
-        # The Gram matrices K K^T and Q K^T per key head as batched XLA products (fp32, full precision)
-        # ahead of the kernel, so that its serial chain of tiles loads one [T, T] tile per product instead
-        # of streaming K and Q through its own FMA dots.
-        full = lax.Precision.HIGHEST
-        kk = jnp.einsum("bnhk,bmhk->bhnm", k, k, precision=full)
-        qk = jnp.einsum("bnhk,bmhk->bhnm", q, k, precision=full)
-        gram_args, gram_specs = ((kk,), [key_gram]) if split_m else ((kk, qk), [key_gram, key_gram])
+        # The Gram matrices Q K^T and K K^T per key head as one batched XLA product ahead of the kernel, [Q; K] K^T
+        # (fp32), so that its serial chain of tiles loads one [T, T] tile per product instead of streaming K and Q
+        # through its own FMA dots. The kernels read both halves of the one array (no slices in between).
+        grams = jnp.einsum("bnhk,bmhk->bhnm", jnp.concatenate([q, k], 1), k,
+                           precision=lax.Precision.HIGHEST if interpret else PRECISIONS[gram_precision])
+        gram_args, gram_specs = ((grams,), [key_gram]) if split_m else ((grams, grams), [key_gram, query_gram])
     square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
     outs = pl.pallas_call(
         functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside, with_m=not split_m),
@@ -345,12 +351,12 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
             functools.partial(_mix_kernel, precision=prec),
             out_shape=square_f32,
             grid=(b, h, nt),
-            in_specs=[by_tile(key_gram), by_tile(nodes), by_tile(tree), by_tile(square)],
+            in_specs=[by_tile(query_gram), by_tile(nodes), by_tile(tree), by_tile(square)],
             out_specs=by_tile(square),
             compiler_params=params,
             interpret=interpret,
             name="tree_delta_rule_mix",
-        )(qk, G, anc, tb)
+        )(grams, G, anc, tb)
     else:
         m = outs[1]
 
