@@ -83,6 +83,22 @@ def test_kernel_split_keys(seed, n, split_m):
     assert_matches(out, reference.tree_delta_rule(*args))
 
 
+@pytest.mark.parametrize("n,block_dv,key_chunk", [(1, 64, 32), (5, 16, 16), (16, 64, 32), (16, 16, 16)])
+def test_kernel_one_tile(seed, n, block_dv, key_chunk):
+    """Prepare and apply as one kernel for a block of one tile: grouped heads, trees, one or two value slices
+    and key chunks; refused for more than one tile or with the options it does not take."""
+    args, _ = make_inputs(seed, Spec(2, n, 6, 32, 24, "tree", key_heads=2))
+    out = interpret(*args, one_kernel=True, block_dv=block_dv, key_chunk=key_chunk)
+    assert_matches(out, reference.tree_delta_rule(*args))
+    for options in ({"split_m": True}, {"split_keys": True}, {"gram_inside": False}):
+        with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
+            interpret(*args, one_kernel=True, **options)
+    args, _ = make_inputs(seed, Spec(1, 17, 2, 16, 16, "chain"))
+    with pytest.raises(ValueError, match="got 17 nodes"):
+        interpret(*args, one_kernel=True)
+    assert_matches(interpret(*args, one_kernel=None), reference.tree_delta_rule(*args))   # None: where it applies
+
+
 def test_grouped_heads_equal_repeated_heads(seed):
     """Key heads serving several value heads are the same rule as the keys repeated per value head
     (value head h reads key head h // rep), in every implementation; shapes that do not group are refused."""
@@ -249,13 +265,19 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-@pytest.mark.parametrize("n,split_m,split_keys", [(1, False, False), (65, False, False), (65, True, False),
-                                                  (64, False, True)])
+# (nodes, options, Triton kernels): prepare (+ mix) (+ keys) + apply, or the one-tile kernel alone
+LOWERINGS = [(1, {}, 2), (65, {}, 2), (65, {"split_m": True}, 3), (64, {"split_keys": True}, 3),
+             (16, {"one_kernel": True}, 1), (16, {"one_kernel": None}, 1), (65, {"one_kernel": None}, 2)]
+
+
+@pytest.mark.parametrize("n,options,kernels", LOWERINGS, ids=lambda x: str(x) if not isinstance(x, dict) else
+                         "-".join(x) or "default")
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
-def test_triton_lowering(n, split_m, split_keys, precision):
+def test_triton_lowering(n, options, kernels, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
     two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five, with M in
-    prepare or in its own kernel, W and U in the apply or in their own kernel. (Compiling it needs the GPU.)"""
+    prepare or in its own kernel, W and U in the apply or in their own kernel, one tile in one kernel.
+    (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
     f32 = jnp.float32
@@ -265,10 +287,10 @@ def test_triton_lowering(n, split_m, split_keys, precision):
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, gram_precision=precision,
-                                                         split_m=split_m, split_keys=split_keys))
+                                                         **options))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    assert hlo.count("__gpu$xla.gpu.triton") == 2 + split_m + split_keys     # prepare (+ mix) (+ keys) + apply
+    assert hlo.count("__gpu$xla.gpu.triton") == kernels
     # Beyond one tile, one product ahead of the kernels forms Q K^T and K K^T, at the precision asked for.
     assert hlo.count("stablehlo.dot_general") == (n > pallas_triton.TILE)
     if n > pallas_triton.TILE:
@@ -363,6 +385,15 @@ def test_gpu_kernel_split_keys(seed, n, shape):
     """W and U in their own kernel (`split_keys`), compiled, at the real shape."""
     args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_keys=True))
+    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
+
+
+@on_gpu
+@pytest.mark.parametrize("n,shape", [(5, "tree"), (16, "chain"), (16, "tree")])
+def test_gpu_kernel_one_tile(seed, n, shape):
+    """Prepare and apply as one kernel (`one_kernel`), compiled, at the real shape."""
+    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, one_kernel=True))
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 

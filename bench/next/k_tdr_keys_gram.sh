@@ -1,5 +1,6 @@
 #!/bin/bash
-# #6 (nvidia-h200, one call, ~9 min): session 47's three tree delta rule changes (CPU-tested only).
+# #6 (nvidia-h200, two calls: PART=ops ~7 min, then PART=rounds ~5 min): session 47's tree delta rule changes
+# (CPU-tested only: interpret mode and the Triton lowering).
 #   a. The Gram products as the one product XLA already made of them, [Q; K] K^T, read in halves by the kernels:
 #      the slice after it goes (1.4 us a layer at N = 64 in session 46's round). On by default.
 #   b. `gram_precision="tf32x3"` for that product (opt-in): in fp32 XLA ran it as 8.5 us of FMA tiles a layer.
@@ -7,25 +8,29 @@
 #      In session 46's round the apply took 21.5 us a layer at N = 64: the last tile's program runs 4 key chunks in
 #      sequence, each with a loop over the 4 tiles j <= i (~24 dependent load + dot steps); split, <= 4 + 8 steps,
 #      one launch more and a 2 x 1.5 MB round trip a layer.
-# Steps:
-#   1. The op bench (each layer depends on the last), N = 16 / 64 / 65: the default, b, c with key chunks of 32 and
-#      64. Predicted, us a layer: the default 19.2 / 49-50.5 / 59-60 (a: session 46 had 19.2 / 51.1 / 60.6);
-#      b 19.2 / 45-48 / 55-58; c 18-22 / 40-46 / 48-55.
-#   2. The tree delta rule's GPU test file in full (b987f00's tile inverse and a have not run it; b and c have tests).
-#   3. The rounds at 1K (DDTree(63), DFlash), one lease: the tree; _alt_gram/ (b on by default); _alt_keys/ (c on).
-#      Predicted against the tree: b DDTree(63) 0.1-0.25 ms shorter; c 0.3-0.5 shorter; DFlash within +-0.15 (one
-#      tile: the Gram dots stay inside prepare, b changes nothing there).
-# Keep what makes the DDTree(63) round >= 0.15 ms shorter with DFlash not longer by more than 0.1 (c: by default only
-# for blocks of more than one tile unless N = 16 wins too), then remove the flag and the code path that lost, with
-# the numbers in the docstring. If a's GPU tests fail, revert a (the two einsums and the slice come back).
-#   OUT=... bash bench/next/k_tdr_keys_gram.sh    (writes $OUT/tdr-keys-gram.tgz; CONFIG=tiny JAX_PLATFORMS=cpu
-#   dry run: rounds only, the op bench and the GPU tests need the GPU)
+#   d. `one_kernel` (opt-in, one tile: the DFlash block of 16): prepare and apply as one kernel. Session 46's DFlash
+#      round: prepare 8.1 + apply 6.8 us a layer, one after the other.
+# PART=ops:
+#   1. The op bench (each layer depends on the last), N = 16 / 64 / 65: the default, b, c (key chunks 32 and 64), d.
+#      Predicted, us a layer: the default 19.2 / 49-50.5 / 59-60 (a; session 46: 19.2 / 51.1 / 60.6); b 19.2 /
+#      45-48 / 55-58; c 18-22 / 40-46 / 48-55; d (N = 16 only) 15-18.
+#   2. The tree delta rule's GPU test file in full (b987f00's tile inverse and a have not run it; b-d have tests).
+# PART=rounds: the rounds at 1K (DDTree(63), DFlash), one lease: the tree, then copies with b, c, d on by default
+#   (_alt_gram/, _alt_keys/, _alt_one/). Predicted against the tree: b DDTree(63) 0.1-0.25 ms shorter, DFlash the
+#   same (one tile keeps the Gram dots inside); c DDTree(63) 0.3-0.5 shorter, DFlash +-0.15; d DFlash 0.05-0.15
+#   shorter, DDTree(63) the same.
+# Keep what shortens its round by >= 0.15 ms without lengthening the other by more than 0.1 (c: by default only for
+# blocks of more than one tile unless N = 16 wins too), then remove the flags and code paths that lost, with the
+# numbers in the docstring. If a's GPU tests fail, revert a (the two einsums and the slice come back).
+#   PART=ops|rounds OUT=... bash bench/next/k_tdr_keys_gram.sh    (writes $OUT/tdr-$PART.tgz; CONFIG=tiny
+#   JAX_PLATFORMS=cpu PART=rounds is the dry run: the op bench and the GPU tests need the GPU)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
+PART=${PART:?PART=ops or PART=rounds}
 CONFIG=${CONFIG:-real}
 W=$(mktemp -d)
 START=$SECONDS
-save() { tar czf $OUT/tdr-keys-gram.tgz -C $W .; }
+save() { tar czf $OUT/tdr-$PART.tgz -C $W .; }
 trap save EXIT
 SRC=pallas_kernels/tree_delta_rule/pallas_triton.py
 alt() {  # DIR OLD NEW: a copy of the tree with one keyword's default changed
@@ -33,22 +38,25 @@ alt() {  # DIR OLD NEW: a copy of the tree with one keyword's default changed
   sed -i "s/$2/$3/" $1/$SRC
   grep -q "$3" $1/$SRC || { echo "$1: default not set"; exit 2; }
 }
-alt _alt_gram 'gram_precision="ieee", split_m' 'gram_precision="tf32x3", split_m'
-alt _alt_keys 'split_keys=False):' 'split_keys=True):'
-if [ "$JAX_PLATFORMS" != cpu ]; then
-  timeout 130 python -m pallas_kernels.tree_delta_rule.bench --sweep --sizes 16,64,65 --json $W/bench.json \
-    --impls pallas_triton,pallas_triton/gram_tf32x3,pallas_triton/split_keys,pallas_triton/split_keys/kc64 \
-    > $W/bench.log 2>&1
-  echo "bench rc=$? at $((SECONDS - START)) s"; grep "N=" $W/bench.log | cut -c1-120; save
-  timeout 250 python -m pytest -q -rA -m gpu tests/test_tree_delta_rule_kernel.py -p no:cacheprovider \
-    > $W/gpu-tests.log 2>&1
-  echo "tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests.log; save
-fi
 rounds() {  # NAME
   timeout 140 python -m bench.rounds --config $CONFIG --context 1024 --phases ddtree,dflash --rounds-only \
     --budgets 63 --round-budget 63 --max-len 8192 --out $W/rounds-$1.json > $W/rounds-$1.log 2>&1
   echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep "_round " $W/rounds-$1.log | cut -c1-120
 }
-rounds tree; save
-(cd _alt_gram && rounds gram_tf32x3); save
-(cd _alt_keys && rounds split_keys)
+case $PART in
+  ops)
+    timeout 150 python -m pallas_kernels.tree_delta_rule.bench --sweep --sizes 16,64,65 --json $W/bench.json \
+      --impls pallas_triton,pallas_triton/gram_tf32x3,pallas_triton/split_keys,pallas_triton/split_keys/kc64,pallas_triton/one_kernel \
+      > $W/bench.log 2>&1
+    echo "bench rc=$? at $((SECONDS - START)) s"; grep "N=" $W/bench.log | cut -c1-120; save
+    timeout 260 python -m pytest -q -rA -m gpu tests/test_tree_delta_rule_kernel.py -p no:cacheprovider \
+      > $W/gpu-tests.log 2>&1
+    echo "tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests.log;;
+  rounds)
+    alt _alt_gram 'gram_precision="ieee", split_m' 'gram_precision="tf32x3", split_m'
+    alt _alt_keys 'split_keys=False,$' 'split_keys=True,'
+    alt _alt_one 'one_kernel=False):' 'one_kernel=None):'
+    rounds tree; save
+    for v in gram keys one; do (cd _alt_$v && rounds $v); save; done;;
+  *) echo "PART=ops or PART=rounds"; exit 2;;
+esac

@@ -36,6 +36,7 @@ def implementations(sweep: bool, on_gpu: bool):
         impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
         impls["pallas_triton/split_m"] = functools.partial(pallas_triton.tree_delta_rule, split_m=True)
         impls["pallas_triton/gram_tf32x3"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="tf32x3")
+        impls["pallas_triton/one_kernel"] = functools.partial(pallas_triton.tree_delta_rule, one_kernel=True)
         impls["pallas_triton/split_keys"] = functools.partial(pallas_triton.tree_delta_rule, split_keys=True)
         impls["pallas_triton/split_keys/kc64"] = functools.partial(pallas_triton.tree_delta_rule, split_keys=True,
                                                                    key_chunk=64)

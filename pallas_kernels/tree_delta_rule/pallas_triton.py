@@ -47,6 +47,10 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   the last tile runs the key chunks in sequence, each with a loop over all tiles j <= i. Split, that chain
   is spread over 4x the programs at the cost of one more launch and W and U's round trip through memory
   (2 x 1.5 MB a layer at N = 64). Not yet timed on the GPU.
+* `_one_tile_kernel` (opt-in, `one_kernel`): for a block of one tile, prepare and apply in one kernel, each
+  program (batch row, value head, value slice) solving its head's tile itself and keeping Tb, M and G in
+  registers. In session 46's DFlash round the two kernels took 8.1 + 6.8 us a layer, one after the other. Not
+  yet timed on the GPU. `_solve` and `_apply` serve both this kernel and the two it would replace.
 
 Every value a program computes and reads again stays in its registers; anything read across tiles
 goes through the next kernel (reading back a program's own writes would need a barrier between its
@@ -126,23 +130,26 @@ def _unit_lower_inverse(a, precision):
     return inv
 
 
-def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
-    """Per (batch row, value head): G, then Tb and (`with_m`) M tile by tile. With `gram_inside` (blocks of
-    one tile: a DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are
-    read from the products made ahead of the kernel. Without `with_m`, `_mix_kernel` forms M afterwards."""
+def _gram_getters(refs, gram_inside, with_m, precision):
+    """(kk_at, qk_at, the refs left): the Gram tiles K_i K_j^T and Q_i K_j^T as dots of the program's own Q and K
+    rows (`gram_inside`) or read from the products made ahead of the kernel."""
     dot = functools.partial(_dot, precision=precision)
     if gram_inside:
         q_ref, k_ref, *refs = refs
         kk_at = lambda ri, rj: dot(k_ref[ri, :], k_ref[rj, :], trans_b=True)
         qk_at = lambda ri, rj: dot(q_ref[ri, :], k_ref[rj, :], trans_b=True)
-    else:
-        kk_ref, *refs = refs
-        kk_at = lambda ri, rj: kk_ref[ri, rj]
-        if with_m:
-            qk_ref, *refs = refs
-            qk_at = lambda ri, rj: qk_ref[ri, rj]
-    g_ref, beta_ref, anc_ref, tb_ref, *refs = refs
-    m_ref, G_ref = refs if with_m else (None, refs[0])
+        return kk_at, qk_at, refs
+    kk_ref, *refs = refs
+    if not with_m:
+        return (lambda ri, rj: kk_ref[ri, rj]), None, refs
+    qk_ref, *refs = refs
+    return (lambda ri, rj: kk_ref[ri, rj]), (lambda ri, rj: qk_ref[ri, rj]), refs
+
+
+def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision, with_m):
+    """G, then Tb and (`with_m`) M tile by tile, each handed to put(name, i, j, tile) as soon as it is known
+    (G's tiles with j = None)."""
+    dot = functools.partial(_dot, precision=precision)
     r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
     c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
     rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
@@ -150,7 +157,7 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
     G = []
     for i, ri in enumerate(rows):
         G.append(sum(jnp.sum(anc_ref[ri, rj] * g_ref[rj][None, :], axis=1) for rj in rows[:i + 1]))
-        G_ref[ri] = G[i]
+        put("G", i, None, G[i])
     Tb = {}
     for i, ri in enumerate(rows):
         beta_i = beta_ref[ri]
@@ -163,18 +170,38 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
                 P.append(d_ij * qk_at(ri, rj))
         # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
         inv_ii = _unit_lower_inverse(A[i], precision)
-        for j, rj in enumerate(rows[:i]):
+        for j in range(i):
             Tb[i, j] = -dot(inv_ii, sum(dot(A[l], Tb[l, j]) for l in range(j, i)))
-            tb_ref[ri, rj] = Tb[i, j]
+            put("Tb", i, j, Tb[i, j])
         Tb[i, i] = inv_ii * beta_i[None, :]
-        tb_ref[ri, ri] = Tb[i, i]
+        put("Tb", i, i, Tb[i, i])
         if with_m:
-            for j, rj in enumerate(rows[:i + 1]):
-                m_ref[ri, rj] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
+            for j in range(i + 1):
+                put("M", i, j, sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1)))
+
+
+def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
+    """Per (batch row, value head): `_solve`, its tiles written out. With `gram_inside` (blocks of one tile: a
+    DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are read from the
+    products made ahead of the kernel. Without `with_m`, `_mix_kernel` forms M afterwards."""
+    kk_at, qk_at, refs = _gram_getters(refs, gram_inside, with_m, precision)
+    g_ref, beta_ref, anc_ref, tb_ref, *refs = refs
+    m_ref, G_ref = refs if with_m else (None, refs[0])
+    out = {"Tb": tb_ref, "M": m_ref}
+    rows = lambda t: pl.ds(t * TILE, TILE)
+
+    def put(name, i, j, tile):
+        if name == "G":
+            G_ref[rows(i)] = tile
+        else:
+            out[name][rows(i), rows(j)] = tile
+
+    _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, n=n, precision=precision, with_m=with_m)
 
 
 def _row_tile(t):
-    return pl.ds(pl.multiple_of(t * TILE, TILE), TILE)
+    """Rows t*T .. t*T + T-1 (t a traced tile index, or a Python int, which needs no alignment hint)."""
+    return pl.ds(t * TILE if isinstance(t, int) else pl.multiple_of(t * TILE, TILE), TILE)
 
 
 def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
@@ -199,20 +226,25 @@ def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
     lax.fori_loop(0, i + 1, column, 0)
 
 
-def _key_products(q_ref, k_ref, G_ref, tb_ref, m_ref, i, cs, precision):
+def _tiles_in(G_ref, tb_ref, m_ref):
+    """G's, Tb's and M's tiles read from the refs prepare wrote: (G_at(t), tb_at(i, j), m_at(i, j))."""
+    return (lambda t: G_ref[_row_tile(t)], lambda i, j: tb_ref[_row_tile(i), _row_tile(j)],
+            lambda i, j: m_ref[_row_tile(i), _row_tile(j)])
+
+
+def _key_products(q_ref, k_ref, tiles, i, cs, precision):
     """W_i = sum_{j<=i} Tb_ij e^G_j K_j  and  U_i = e^G_i Q_i - sum_{j<=i} M_ij e^G_j K_j  on the key dims cs
     ([T, key chunk] each): the key-side factors of Delta_i = Tb_i V - W_i S0 and O_i = U_i S0 + M_i V."""
     dot = functools.partial(_dot, precision=precision)
-    ri = _row_tile(i)
+    G_at, tb_at, m_at = tiles
 
     def node_tile(j, wm):
-        rj = _row_tile(j)
-        ek = jnp.exp(G_ref[rj])[:, None] * k_ref[rj, cs]
-        return wm[0] + dot(tb_ref[ri, rj], ek), wm[1] + dot(m_ref[ri, rj], ek)
+        ek = jnp.exp(G_at(j))[:, None] * k_ref[_row_tile(j), cs]
+        return wm[0] + dot(tb_at(i, j), ek), wm[1] + dot(m_at(i, j), ek)
 
     zero = jnp.zeros((TILE, cs.size), jnp.float32)
     w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
-    return w, jnp.exp(G_ref[ri])[:, None] * q_ref[ri, cs] - mek
+    return w, jnp.exp(G_at(i))[:, None] * q_ref[_row_tile(i), cs] - mek
 
 
 def _keys_kernel(q_ref, k_ref, G_ref, tb_ref, m_ref, w_ref, u_ref, *, precision):
@@ -220,26 +252,18 @@ def _keys_kernel(q_ref, k_ref, G_ref, tb_ref, m_ref, w_ref, u_ref, *, precision)
     row, value head, row tile and key chunk), so that `_apply_kernel` only multiplies them into S0."""
     i = pl.program_id(2)
     cs = pl.ds(0, w_ref.shape[-1])
-    w, u = _key_products(q_ref, k_ref, G_ref, tb_ref, m_ref, i, cs, precision)
+    w, u = _key_products(q_ref, k_ref, _tiles_in(G_ref, tb_ref, m_ref), i, cs, precision)
     ri = _row_tile(i)
     w_ref[ri, :] = w
     u_ref[ri, :] = u
 
 
-def _apply_kernel(*refs, precision, key_chunk, split_keys):
+def _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, i, *, precision, key_chunk):
     """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
-    with the sums over j taken before the product with S0 (W and U of `_key_products`, tile x key chunk),
-    so that each program multiplies S0 twice, not twice per tile j. With `split_keys` W and U come from
-    `_keys_kernel`; else each program forms its own, a key chunk at a time."""
+    with the sums over j taken before the product with S0 (W and U of `_key_products`, tile x key chunk,
+    from key_side(i, cs)), so that each program multiplies S0 twice, not twice per tile j."""
     dot = functools.partial(_dot, precision=precision)
-    if split_keys:
-        w_ref, u_ref, v_ref, s0_ref, tb_ref, m_ref, o_ref, delta_ref = refs
-        key_side = lambda i, cs: (w_ref[_row_tile(i), cs], u_ref[_row_tile(i), cs])
-    else:
-        q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref = refs
-        key_side = lambda i, cs: _key_products(q_ref, k_ref, G_ref, tb_ref, m_ref, i, cs, precision)
-    i = pl.program_id(3)
-    ri = _row_tile(i)
+    _, tb_at, m_at = tiles
 
     def key_chunk_step(c, acc):
         cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
@@ -248,15 +272,46 @@ def _apply_kernel(*refs, precision, key_chunk, split_keys):
         return acc[0] - dot(w, s0), acc[1] + dot(u, s0)
 
     def value_step(j, acc):
-        rj = _row_tile(j)
-        v_j = v_ref[rj, :]
-        return acc[0] + dot(tb_ref[ri, rj], v_j), acc[1] + dot(m_ref[ri, rj], v_j)
+        v_j = v_ref[_row_tile(j), :]
+        return acc[0] + dot(tb_at(i, j), v_j), acc[1] + dot(m_at(i, j), v_j)
 
     zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
     acc = lax.fori_loop(0, s0_ref.shape[0] // key_chunk, key_chunk_step, (zero, zero))
     delta, o = lax.fori_loop(0, i + 1, value_step, acc)
+    ri = _row_tile(i)
     delta_ref[ri, :] = delta
     o_ref[ri, :] = o
+
+
+def _apply_kernel(*refs, precision, key_chunk, split_keys):
+    """`_apply` for one tile of rows (a program per batch row, value head, slice of the value dim and row tile),
+    with Tb, M and G read from prepare's outputs. With `split_keys` W and U come from `_keys_kernel`; else each
+    program forms its own, a key chunk at a time."""
+    if split_keys:
+        w_ref, u_ref, v_ref, s0_ref, tb_ref, m_ref, o_ref, delta_ref = refs
+        tiles = _tiles_in(None, tb_ref, m_ref)
+        key_side = lambda i, cs: (w_ref[_row_tile(i), cs], u_ref[_row_tile(i), cs])
+    else:
+        q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref = refs
+        tiles = _tiles_in(G_ref, tb_ref, m_ref)
+        key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
+    _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, pl.program_id(3), precision=precision,
+           key_chunk=key_chunk)
+
+
+def _one_tile_kernel(q_ref, k_ref, g_ref, beta_ref, anc_ref, v_ref, s0_ref, o_ref, delta_ref, G_ref, *, n,
+                     precision, key_chunk):
+    """The whole rule for a block of one tile (`one_kernel`: a program per batch row, value head and slice of
+    the value dim): `_solve` with the Gram dots inside, its tiles kept in registers, then `_apply`. Programs of
+    one head solve the same tile each (a few dots) instead of waiting for a prepare kernel."""
+    kk_at, qk_at, _ = _gram_getters((q_ref, k_ref), True, True, precision)
+    got = {}
+    _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, lambda name, i, j, tile: got.__setitem__(name, tile), n=n,
+           precision=precision, with_m=True)
+    G_ref[...] = got["G"]                      # every value slice writes the same G
+    tiles = (lambda t: got["G"], lambda i, j: got["Tb"], lambda i, j: got["M"])
+    key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
+    _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, 0, precision=precision, key_chunk=key_chunk)
 
 
 def _pow2_at_least_16(d):
@@ -264,9 +319,10 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "gram_precision", "split_m", "split_keys"))
+                                             "gram_inside", "gram_precision", "split_m", "split_keys", "one_kernel"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, gram_precision="ieee", split_m=False, split_keys=False):
+                    precision="ieee", gram_inside=None, gram_precision="ieee", split_m=False, split_keys=False,
+                    one_kernel=False):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -283,6 +339,10 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     split_keys: W = Tb E K and U = E Q - M E K in `_keys_kernel`, a program per tile of rows and key chunk,
     rather than in each `_apply` program (which then loops over the key chunks and, inside, over the tiles
     j <= i: the longest chain of the apply at N = 64).
+    one_kernel: for a block of one tile (a DFlash block of 16), prepare and apply as one kernel,
+    `_one_tile_kernel`, a program per value slice solving its head's tile itself (no launch and no Tb / M
+    round trip between them); with the Gram dots inside, M formed, W and U in the program. None: wherever it
+    applies.
     """
     b, n, h, dv = v.shape
     dk = q.shape[3]
@@ -296,6 +356,11 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     gram_inside = nt == 1 and not split_m if gram_inside is None else gram_inside
     if gram_inside and split_m:
         raise ValueError("tree_delta_rule: split_m needs the Gram products ahead of the kernels (gram_inside=False)")
+    if one_kernel is None:
+        one_kernel = nt == 1 and not (split_m or split_keys or gram_inside is False)
+    if one_kernel and (nt > 1 or split_m or split_keys or gram_inside is False):
+        raise ValueError(f"tree_delta_rule: one_kernel takes a block of one tile ({TILE} nodes), the Gram dots "
+                         f"inside and neither split_m nor split_keys; got {n} nodes")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -314,6 +379,25 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     s0 = pad(s0, [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     params = pltriton.CompilerParams(num_warps=num_warps)
+
+    if one_kernel:
+        # grid: batch, value head, slice of the value dim
+        o, delta, G = pl.pallas_call(
+            functools.partial(_one_tile_kernel, n=n, precision=prec, key_chunk=key_chunk),
+            out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),) * 2 + (jax.ShapeDtypeStruct((b, n_pad, h), f32),),
+            grid=(b, h, dvp // block_dv),
+            in_specs=[pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci: (bi, 0, hi // rep, 0))] * 2
+            + [pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci: (bi, 0, hi))] * 2
+            + [pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi, ci: (bi, 0, 0)),
+               pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci: (bi, 0, hi, ci)),
+               pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci: (bi, hi, 0, ci))],
+            out_specs=[pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci: (bi, 0, hi, ci))] * 2
+            + [pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci: (bi, 0, hi))],
+            compiler_params=params,
+            interpret=interpret,
+            name="tree_delta_rule_one_tile",
+        )(q, k, g, beta, anc, v, s0)
+        return o[:, :n, :, :dv], delta[:, :n, :, :dv], G[:, :n]
 
     # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
     # beta and G are strided columns of [B, N, H].
