@@ -188,13 +188,12 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
     g_ref, beta_ref, anc_ref, tb_ref, *refs = refs
     m_ref, G_ref = refs if with_m else (None, refs[0])
     out = {"Tb": tb_ref, "M": m_ref}
-    rows = lambda t: pl.ds(t * TILE, TILE)
 
     def put(name, i, j, tile):
         if name == "G":
-            G_ref[rows(i)] = tile
+            G_ref[_row_tile(i)] = tile
         else:
-            out[name][rows(i), rows(j)] = tile
+            out[name][_row_tile(i), _row_tile(j)] = tile
 
     _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, n=n, precision=precision, with_m=with_m)
 
