@@ -12,7 +12,7 @@
 #   its weights without splitting K: the products get 0.3-1.0 ms longer. Net: DFlash +0.5..-0.2 ms, DDTree(63)
 #   +0.3..-0.2; S = 2 / 4 between. Upside not in that range: with no K split, XLA may fuse the residual add into the
 #   next norm's sum of squares (127 `input_convert_reduce_fusion` of ~1.7 us, 0.22 ms, which a reduction producer
-#   blocks today); read rounds-force1's HLO if the round moves more than predicted.
+#   blocks today); if a round moves more than predicted, trace it with the flag (bench/next/k_round_trace.sh).
 #   If a round is >= 0.2 ms shorter and neither longer: set the flag
 #   (engine.py, beside LOOP_GRAPH_OPTIONS: the loop's compile options), with this run as the reason; else drop it.
 #   OUT=... bash bench/next/k_force_split_k.sh     (writes $OUT/force-split-k.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry run)
