@@ -323,6 +323,26 @@ def test_bench_runs_and_writes_json(tmp_path):
         bench.main(["--impls", "pallas_mosaic"])
 
 
+@pytest.mark.parametrize("n", [16, 40])
+def test_bench_sweep_variants_match_reference(seed, n):
+    """Every structural variant the GPU bench's `--sweep` times (its keyword sets; the tile-size variants are
+    test_kernel_real_head_dims'), run in interpret mode, equals the reference, or (one_kernel beyond one tile)
+    is refused with the reason."""
+    from pallas_kernels.tree_delta_rule import bench
+    args, _ = make_inputs(seed, Spec(1, n, 4, 16, 16, "tree", key_heads=2))
+    ref = reference.tree_delta_rule(*args)
+    variants = {k: v for k, v in bench.implementations(True, True).items()
+                if k.startswith("pallas_triton/") and "/dv" not in k}
+    assert {"pallas_triton/split_m", "pallas_triton/split_keys", "pallas_triton/gram_tf32x3",
+            "pallas_triton/one_kernel"} <= set(variants)
+    for name, fn in variants.items():
+        if name == "pallas_triton/one_kernel" and n > pallas_triton.TILE:
+            with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
+                fn(*args, interpret=True)
+            continue
+        assert_matches(fn(*args, interpret=True), ref)
+
+
 def test_bench_layers_depend_on_each_other(seed):
     """Each stacked layer gets keys, log-decays and a state moved by the previous layer's output, so XLA cannot
     compute the parts that do not touch the state once for all layers."""
