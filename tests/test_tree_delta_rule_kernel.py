@@ -390,39 +390,21 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 
-@on_gpu
-@pytest.mark.parametrize("n,shape", [(64, "chain"), (65, "tree")])
-def test_gpu_kernel_split_m(seed, n, shape):
-    """M = P Tb in its own kernel (`split_m`), compiled, at the real shape."""
-    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_m=True))
-    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
+# The opt-in structural variants, compiled, at the real shape: M = P Tb in its own kernel (split_m); W and U in
+# their own kernel (split_keys); prepare and apply as one kernel for one tile (one_kernel); the Gram products
+# ahead of the kernels in three tf32 passes (gram_precision).
+GPU_VARIANTS = [({"split_m": True}, 64, "chain"), ({"split_m": True}, 65, "tree"),
+                ({"split_keys": True}, 16, "chain"), ({"split_keys": True}, 64, "tree"), ({"split_keys": True}, 65, "tree"),
+                ({"one_kernel": True}, 5, "tree"), ({"one_kernel": True}, 16, "chain"), ({"one_kernel": True}, 16, "tree"),
+                ({"gram_precision": "tf32x3"}, 64, "tree"), ({"gram_precision": "tf32x3"}, 65, "chain")]
 
 
 @on_gpu
-@pytest.mark.parametrize("n,shape", [(16, "chain"), (64, "tree"), (65, "tree")])
-def test_gpu_kernel_split_keys(seed, n, shape):
-    """W and U in their own kernel (`split_keys`), compiled, at the real shape."""
+@pytest.mark.parametrize("options,n,shape", GPU_VARIANTS,
+                         ids=lambda x: "-".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else str(x))
+def test_gpu_kernel_variants(seed, options, n, shape):
     args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, split_keys=True))
-    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
-
-
-@on_gpu
-@pytest.mark.parametrize("n,shape", [(5, "tree"), (16, "chain"), (16, "tree")])
-def test_gpu_kernel_one_tile(seed, n, shape):
-    """Prepare and apply as one kernel (`one_kernel`), compiled, at the real shape."""
-    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, one_kernel=True))
-    assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
-
-
-@on_gpu
-@pytest.mark.parametrize("n,shape", [(64, "tree"), (65, "chain")])
-def test_gpu_kernel_gram_tf32x3(seed, n, shape):
-    """The Gram products ahead of the kernels in three tf32 passes (`gram_precision`), at the real shape."""
-    args, _ = make_inputs(seed, Spec(2, n, shape=shape, **REAL))
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, gram_precision="tf32x3"))
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, **options))
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 
