@@ -393,10 +393,11 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
 # The opt-in structural variants, compiled, at the real shape: M = P Tb in its own kernel (split_m); W and U in
 # their own kernel (split_keys); prepare and apply as one kernel for one tile (one_kernel); the Gram products
 # ahead of the kernels in three tf32 passes (gram_precision).
-GPU_VARIANTS = [({"split_m": True}, 64, "chain"), ({"split_m": True}, 65, "tree"),
-                ({"split_keys": True}, 16, "chain"), ({"split_keys": True}, 64, "tree"), ({"split_keys": True}, 65, "tree"),
-                ({"one_kernel": True}, 5, "tree"), ({"one_kernel": True}, 16, "chain"), ({"one_kernel": True}, 16, "tree"),
-                ({"gram_precision": "tf32x3"}, 64, "tree"), ({"gram_precision": "tf32x3"}, 65, "chain")]
+GPU_VARIANTS = [(options, n, shape) for options, cases in (
+    ({"split_m": True}, [(64, "chain"), (65, "tree")]),
+    ({"split_keys": True}, [(16, "chain"), (64, "tree"), (65, "tree")]),
+    ({"one_kernel": True}, [(5, "tree"), (16, "chain"), (16, "tree")]),
+    ({"gram_precision": "tf32x3"}, [(64, "tree"), (65, "chain")])) for n, shape in cases]
 
 
 @on_gpu

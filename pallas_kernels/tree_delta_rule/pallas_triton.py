@@ -383,7 +383,8 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         # grid: batch, value head, slice of the value dim
         o, delta, G = pl.pallas_call(
             functools.partial(_one_tile_kernel, n=n, precision=prec, key_chunk=key_chunk),
-            out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),) * 2 + (jax.ShapeDtypeStruct((b, n_pad, h), f32),),
+            out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),) * 2
+            + (jax.ShapeDtypeStruct((b, n_pad, h), f32),),
             grid=(b, h, dvp // block_dv),
             in_specs=[pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci: (bi, 0, hi // rep, 0))] * 2
             + [pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci: (bi, 0, hi))] * 2
