@@ -11,7 +11,10 @@
 #   d. `one_kernel` (opt-in, one tile: the DFlash block of 16): prepare and apply as one kernel. Session 46's DFlash
 #      round: prepare 8.1 + apply 6.8 us a layer, one after the other.
 # PART=ops:
-#   1. The op bench (each layer depends on the last), N = 16 / 64 / 65: the default, b, c (key chunks 32 and 64), d.
+#   1. The op bench (each layer depends on the last), N = 16 / 64 / 65: the default, b, c (key chunks 32 and 64), d,
+#      and session 43's opt-in `split_m` (no gain then, 27.6 / 29.9 against 27.4 / 30.1 us at N = 64 / 65; with the
+#      faster tile inverse its share may differ). Unless split_m now beats the default by >= 2 us at N = 64, remove it
+#      (`_mix_kernel`, the keyword, its tests and bench row).
 #      Predicted, us a layer: the default 19.2 / 49-50.5 / 59-60 (a; session 46: 19.2 / 51.1 / 60.6); b 19.2 /
 #      45-48 / 55-58; c 18-22 / 40-46 / 48-55; d (N = 16 only) 15-18.
 #   2. The tree delta rule's GPU test file in full (b987f00's tile inverse and a have not run it; b-d have tests).
@@ -46,7 +49,7 @@ rounds() {  # NAME
 case $PART in
   ops)
     timeout 150 python -m pallas_kernels.tree_delta_rule.bench --sweep --sizes 16,64,65 --json $W/bench.json \
-      --impls pallas_triton,pallas_triton/gram_tf32x3,pallas_triton/split_keys,pallas_triton/split_keys/kc64,pallas_triton/one_kernel \
+      --impls pallas_triton,pallas_triton/gram_tf32x3,pallas_triton/split_keys,pallas_triton/split_keys/kc64,pallas_triton/one_kernel,pallas_triton/split_m \
       > $W/bench.log 2>&1
     echo "bench rc=$? at $((SECONDS - START)) s"; grep "N=" $W/bench.log | cut -c1-120; save
     timeout 330 python -m pytest -q -rA -m gpu tests/test_tree_delta_rule_kernel.py -p no:cacheprovider \
