@@ -1,5 +1,5 @@
 #!/bin/bash
-# #6 (nvidia-h200, two calls: PART=ops ~8.5 min (its limits: 150 + 330 s), then PART=rounds ~5 min): session 47's
+# #6 (nvidia-h200, two calls: PART=ops ~8.5 min (its limits: 170 + 330 s), then PART=rounds ~5 min): session 47's
 # tree delta rule changes (CPU-tested only: interpret mode and the Triton lowering).
 #   a. The Gram products as the one product XLA already made of them, [Q; K] K^T, read in halves by the kernels:
 #      the slice after it goes (1.4 us a layer at N = 64 in session 46's round). On by default.
@@ -48,9 +48,10 @@ rounds() {  # NAME
 }
 case $PART in
   ops)
-    timeout 150 python -m pallas_kernels.tree_delta_rule.bench --sweep --sizes 16,64,65 --json $W/bench.json \
-      --impls pallas_triton,pallas_triton/gram_tf32x3,pallas_triton/split_keys,pallas_triton/split_keys/kc64,pallas_triton/one_kernel,pallas_triton/split_m \
-      > $W/bench.log 2>&1
+    IMPLS=pallas_triton
+    for v in gram_tf32x3 split_keys split_keys/kc64 one_kernel split_m; do IMPLS+=,pallas_triton/$v; done
+    timeout 170 python -m pallas_kernels.tree_delta_rule.bench --sweep --sizes 16,64,65 --json $W/bench.json \
+      --impls $IMPLS > $W/bench.log 2>&1
     echo "bench rc=$? at $((SECONDS - START)) s"; grep "N=" $W/bench.log | cut -c1-120; save
     timeout 330 python -m pytest -q -rA -m gpu tests/test_tree_delta_rule_kernel.py -p no:cacheprovider \
       > $W/gpu-tests.log 2>&1
