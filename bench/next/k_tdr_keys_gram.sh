@@ -37,7 +37,7 @@ save() { tar czf $OUT/tdr-$PART.tgz -C $W .; }
 trap save EXIT
 SRC=pallas_kernels/tree_delta_rule/pallas_triton.py
 alt() {  # DIR OLD NEW: a copy of the tree with one keyword's default changed
-  rm -rf $1 && mkdir $1 && cp -r jaxspec pallas_kernels bench pyproject.toml $1/
+  rm -rf $1 && mkdir $1 && cp -r jaxspec pallas_kernels bench convert pyproject.toml $1/
   sed -i "s/$2/$3/" $1/$SRC
   grep -q "$3" $1/$SRC || { echo "$1: default not set"; exit 2; }
 }
