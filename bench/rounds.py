@@ -18,6 +18,7 @@ they run inside the engine's device loop; rounds run inside the engine's own `wh
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gzip
 import json
@@ -160,8 +161,18 @@ def main(argv=None):
                          "and charge its kernels per round to the round's stages (draft, DDTree's build, verify, accept, "
                          "commit, draft_update, the loop's own) and to the model's parts (phase '<method>_trace'; on a GPU "
                          "only with JAXSPEC_LOOP_GRAPHS=none, as a CUDA graph hides its kernels)")
+    ap.add_argument("--sampling", default="0",
+                    help="the engine's round loops (AR, DFlash, DDTree, MTP) sample at TEMPERATURE[,TOP_K[,TOP_P]] "
+                         "(default 0: greedy); the standalone phases stay greedy")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
+    try:
+        fields = [float(f) for f in args.sampling.split(",")]
+        if len(fields) > 3 or (len(fields) > 1 and fields[1] != int(fields[1])):
+            raise ValueError(f"expected at most 3 fields with an integer top-k, got {len(fields)}")
+        sampling = Sampling(fields[0], *([int(fields[1])] if len(fields) > 1 else []), *fields[2:])
+    except ValueError as e:
+        ap.error(f"--sampling {args.sampling!r}: TEMPERATURE[,TOP_K[,TOP_P]] ({e})")
     groups = {g for g in args.phases.split(",") if g}
     if args.trace_ar and "ar" not in groups:
         ap.error("--trace-ar needs the ar group in --phases")
@@ -198,7 +209,7 @@ def main(argv=None):
         ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context + (k + 1) blocks + rounds x "
                  f"largest tree)")
     result = dict(kind="rounds", config=args.config, context=contexts[0] if len(contexts) == 1 else contexts,
-                  max_len=max_len, block_size=bs, git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
+                  max_len=max_len, block_size=bs, sampling=dataclasses.asdict(sampling), git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat())
     # One context: the flat layout of earlier runs ("phases", "vs_ar_step"); several: "contexts" and "ratios"
     # keyed by the context, each against the AR step at that context.
@@ -344,7 +355,7 @@ def main(argv=None):
         save()
 
         def engine_rounds(spec, name, cache=None, rounds=args.rounds):
-            eng = memo(name, lambda: Engine(model, spec(), Sampling()) if spec else Engine(model, None, Sampling()))
+            eng = memo(name, lambda: Engine(model, spec() if spec else None, sampling))
             st = H.random_state(cfg, 1, max_len, ctx)
             if cache is None:
                 cache = random_cache(dcfg, 1, max_len, ctx) if spec is not None else ()

@@ -16,7 +16,7 @@ from jaxspec.drafter import Drafter, init_cache
 from jaxspec.ddtree import build_tree
 from jaxspec.drafter_config import check_pair
 from jaxspec.engine import Proposal, Speculator
-from jaxspec.sampling import log_probs
+from jaxspec.sampling import categorical, log_probs
 
 
 def block_size_for(cfg, block_size: int | None) -> int:
@@ -80,7 +80,7 @@ class DFlash(Speculator):
             drafts, logq = jnp.argmax(logits, -1).astype(jnp.int32), None
         else:
             lq = log_probs(logits, sampling)
-            drafts = jax.random.categorical(key, lq, -1).astype(jnp.int32)
+            drafts = categorical(key, lq)
             logq = jnp.concatenate([jnp.zeros_like(lq[:, :1]), lq], 1)                  # row 0: the anchor
         return Proposal(jnp.concatenate([pending[:, None], drafts], 1), trees.chain(b, self.tree_size), logq), cache
 

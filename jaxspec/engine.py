@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxspec import tree as trees
 from jaxspec.model import Qwen35, State, commit, init_state
-from jaxspec.sampling import Sampling, choose, log_probs
+from jaxspec.sampling import Sampling, categorical, choose, log_probs
 from jaxspec.sharding import constrain_state, dp_degree, state_maker
 
 
@@ -68,7 +68,7 @@ def accept_rejection(key, tokens, logq, logits, s: Sampling):
     q_next = jnp.exp(jnp.take_along_axis(logq, jnp.minimum(a + 1, nn - 1)[:, None, None], 1)[:, 0])
     resid = jnp.where((a < nn - 1)[:, None], jnp.maximum(p_a - q_next, 0.0), p_a)
     resid = jnp.where(resid.sum(-1, keepdims=True) > 0, resid, p_a)
-    bonus = jax.random.categorical(k_b, jnp.log(resid), -1).astype(jnp.int32)
+    bonus = categorical(k_b, jnp.log(resid))
     path = jnp.broadcast_to(jnp.arange(nn, dtype=jnp.int32), (b, nn))
     return path, n, bonus
 

@@ -41,7 +41,7 @@ from jaxspec import tree as trees
 from jaxspec.config import FULL, ConfigError, TargetConfig
 from jaxspec.engine import Proposal, Speculator
 from jaxspec.model import DecoderLayer, Linear, RMSNorm, mask_vocab
-from jaxspec.sampling import log_probs
+from jaxspec.sampling import categorical, log_probs
 
 # Fields of the target config that the head's weights are shaped by.
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim",
@@ -172,7 +172,7 @@ class MTP(Speculator):
                 m = jnp.argmax(logits, -1).astype(jnp.int32)
             else:
                 lq = log_probs(logits, sampling)
-                m = jax.random.categorical(kj, lq, -1).astype(jnp.int32)
+                m = categorical(kj, lq)
                 logq.append(lq)
             drafts.append(m)
             if j + 1 < self.k:

@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import sharding
+from jaxspec.ddtree import vocab_top_k
 from pallas_kernels.verify import api as verify_api
+from pallas_kernels.verify.reference import categorical
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,19 +35,67 @@ class Sampling:
 
 
 def log_probs(logits, s: Sampling):
-    """Log-probabilities after temperature, top-k and top-p; -inf outside the kept set. [..., V]"""
+    """Log-probabilities after temperature, top-k and top-p; -inf outside the kept set. [..., V]
+
+    Top-k keeps every entry >= the k-th largest (ties at the k-th value included, as transformers' warper
+    does). Top-p then keeps the fewest largest values whose mass reaches top_p: an entry stays when the mass of
+    the entries strictly above its value is < top_p (the largest always stays). With top-k set, both cuts come
+    from the k candidates of the staged top-k (`ddtree.vocab_top_k`: per vocabulary shard under a
+    tensor-parallel mesh, and on a GPU without a sort of the vocabulary), since every entry above the k-th value
+    is one of them; only the normaliser reads the whole row. Top-p alone finds its cut by bisection
+    (`bisected_nucleus_cut`), which sorts nothing either and, under a mesh, only sums each shard's slice."""
     x = logits.astype(jnp.float32) / s.temperature
     if s.top_k:
-        kth = jax.lax.top_k(x, min(s.top_k, x.shape[-1]))[0][..., -1:]
-        x = jnp.where(x < kth, -jnp.inf, x)
+        top = vocab_top_k(x, min(s.top_k, x.shape[-1]))[0]            # [..., k], descending
+        cut = top[..., -1:]
+        x = jnp.where(x < cut, -jnp.inf, x)
+        if s.top_p < 1.0:
+            cut = nucleus_cut(top, jnp.exp(x - top[..., :1]).sum(-1, keepdims=True), s.top_p)
+    elif s.top_p < 1.0:
+        cut = bisected_nucleus_cut(x, s.top_p)
     if s.top_p < 1.0:
-        srt = jnp.sort(x, -1)[..., ::-1]
-        p = jax.nn.softmax(srt, -1)
-        before = jnp.cumsum(p, -1) - p                 # mass strictly above each sorted entry
-        keep = before < s.top_p                        # the top entry is always kept
-        cut = jnp.min(jnp.where(keep, srt, jnp.inf), -1, keepdims=True)
         x = jnp.where(x < cut, -jnp.inf, x)
     return jax.nn.log_softmax(x, -1)
+
+
+def _ordered(x):
+    """float32 -> int32 keys in the floats' order (-0.0 just below 0.0; NaN not expected)."""
+    b = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where(b < 0, b ^ jnp.int32(0x7FFFFFFF), b)
+
+
+def _unordered(key):
+    return jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key), jnp.float32)
+
+
+def bisected_nucleus_cut(x, top_p: float):
+    """The smallest value top-p keeps in x [..., V] (float32, no NaN), without sorting: the mass of the entries
+    above a threshold only falls as the threshold rises, so bisect the threshold over the 2^32 float32 keys for
+    the lowest one above which the mass is < top_p; that key is one of x's values (the mass changes only at
+    them), so the result equals the sorted cumulative sum's cut up to the sums' rounding. 32 sums over x."""
+    key = _ordered(x)
+    e = jnp.exp(x - jnp.max(x, -1, keepdims=True))
+    mass_above = lambda t: jnp.sum(jnp.where(key > t, e, 0.0), -1, keepdims=True)
+    lo = jnp.full(x.shape[:-1] + (1,), jnp.iinfo(jnp.int32).min, jnp.int32)   # below every key: all the mass
+    hi = jnp.max(key, -1, keepdims=True)                                        # the top entry: no mass above
+    goal = top_p * mass_above(lo)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                             # floor((lo + hi) / 2), no overflow
+        below = mass_above(mid) < goal
+        return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+    return _unordered(jax.lax.fori_loop(0, 32, halve, (lo, hi))[1])
+
+
+def nucleus_cut(srt, z, top_p: float):
+    """The smallest value top-p keeps. srt [..., c]: the row's largest values, descending, holding every entry
+    the cut can keep; z [..., 1]: the sum of exp(x - srt[..., :1]) over the row's kept entries."""
+    p = jnp.exp(srt - srt[..., :1]) / z
+    before = jnp.cumsum(p, -1) - p                 # mass strictly above each sorted entry (its first tie)
+    keep = before < top_p                          # the top entry is always kept
+    return jnp.min(jnp.where(keep, srt, jnp.inf), -1, keepdims=True)
 
 
 def choose(key, logits, s: Sampling):
@@ -57,7 +107,7 @@ def choose(key, logits, s: Sampling):
         return target_choice(key, logits, 0.0)
     if s.top_k == 0 and s.top_p == 1.0:
         return target_choice(key, logits, s.temperature)
-    return jax.random.categorical(key, log_probs(logits, s), -1).astype(jnp.int32)
+    return categorical(key, log_probs(logits, s))
 
 
 def target_choice(key, logits, temperature: float):

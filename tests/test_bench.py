@@ -150,6 +150,22 @@ def test_engine_rounds_times_synced_and_queued_calls_and_refuses_a_full_cache():
         harness.engine_rounds(eng, harness.random_state(cfg, 1, 16, 8), (), rounds=2, repeats=1, queue=2)
 
 
+def test_rounds_samples_in_the_round_loops(tmp_path):
+    """bench.rounds --sampling: the engine's AR, DFlash (rejection sampling) and DDTree (sampled walks) loops
+    sample at the given temperature, top-k and top-p, recorded in the JSON; malformed values are refused."""
+    from bench import rounds
+    out = tmp_path / "rounds.json"
+    rounds.main(["--config", "tiny", "--context", "32", "--phases", "ar,dflash,ddtree", "--rounds-only", "--k", "1",
+                 "--rounds", "2", "--ar-rounds", "2", "--round-budget", "4", "--sampling", "0.8,5,0.9",
+                 "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["sampling"] == dict(temperature=0.8, top_k=5, top_p=0.9)
+    assert {"ar_round_device_loop", "dflash_round", "ddtree4_round"} <= set(res["phases"]), sorted(res["phases"])
+    for bad in ("0.8,2.5", "-1", "0.8,5,0.9,1", "hot"):
+        with pytest.raises(SystemExit):
+            rounds.main(["--config", "tiny", "--sampling", bad])
+
+
 @pytest.mark.slow
 def test_rounds_phases_and_partial_json(tmp_path):
     """bench.rounds on the tiny config: the chosen groups only, every phase in the JSON it rewrites."""
@@ -178,6 +194,7 @@ def test_rounds_phases_and_partial_json(tmp_path):
     res = json.loads(out.read_text())
     ph, tiny_bytes = res["phases"], res["weight_bytes_per_step"]
     assert set(ph) == {"ar_step", "draft", "dflash_round"}, sorted(ph)
+    assert res["sampling"] == dict(temperature=0.0, top_k=0, top_p=1.0)
     # The demo pair's shapes (18.56M-parameter target; fp32: 4 bytes a weight, ~140x the tiny config's).
     rounds.main(["--config", "demo", "--dtype", "float32", "--context", "32", "--phases", "dflash", "--rounds-only",
                  "--k", "1", "--rounds", "2", "--out", str(out)])

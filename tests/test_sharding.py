@@ -26,6 +26,7 @@ from jaxspec.dflash import DFlash
 from jaxspec.drafter import Drafter
 from jaxspec.engine import Decoding, Engine
 from jaxspec.model import init_state
+from jaxspec.sampling import Sampling, log_probs
 from oracle import OracleChain, OracleTree, reference
 from test_dflash import drafter_config
 
@@ -262,10 +263,15 @@ def collectives(hlo: str) -> collections.Counter:
         r"= [^ ]+ (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(", hlo))
 
 
-def test_compiled_round_has_two_all_reduces_per_layer(target, drafter):
-    """AR and DFlash rounds at TP 4: two all-reduces of the residual per target layer, and no all-gather
-    of anything larger than a per-shard scalar per token (the sharded argmax)."""
-    check_round_collectives(target, drafter, 4)
+SAMPLED = [Sampling(0.7, 20, 0.9), Sampling(0.7, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling", [Sampling()] + SAMPLED, ids=str)
+def test_compiled_round_has_two_all_reduces_per_layer(target, drafter, sampling):
+    """AR, DFlash and DDTree rounds at TP 4: two all-reduces of the residual per target layer, and no all-gather
+    of anything larger than a per-shard scalar per token (the sharded argmax) or, sampled with top-k, the
+    shards' k candidates per token; no sort of the vocabulary (top-p cuts by bisection or from the candidates)."""
+    check_round_collectives(target, drafter, 4, sampling)
 
 
 @pytest.mark.gpu
@@ -278,11 +284,11 @@ def test_gpu_round_has_two_all_reduces_per_layer(target, drafter, tp):
     check_round_collectives(target, drafter, tp)
 
 
-def check_round_collectives(target, drafter, tp):
+def check_round_collectives(target, drafter, tp, sampling=Sampling()):
     mesh = S.make_mesh(tp, 1)
     st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
-    for spec in (None, DFlash(sd, st.cfg)):
-        eng = Engine(st, spec, mesh=mesh)
+    for spec in (None, DFlash(sd, st.cfg)) + (() if sampling.greedy else (DFlash(sd, st.cfg, budget=12),)):
+        eng = Engine(st, spec, sampling=sampling, mesh=mesh)
         _, state, draft, key = eng.prefill([[1, 2, 3]], 64)
         n = eng.spec.tree_size
         d = Decoding(state, draft, jnp.ones((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32),
@@ -296,12 +302,17 @@ def check_round_collectives(target, drafter, tp):
                     if re.search(rf"= f32\[(?:1,)?(?:{n},)?{h}\]\S* all-reduce(-start)?\(", l)]
         layers = target.cfg.num_layers + (0 if spec is None else 2 * sd.cfg.num_layers)
         assert len(residual) >= 2 * target.cfg.num_layers, ops
-        assert ops["all-reduce"] <= 2 * layers + 8, ops
+        # Sampling adds all-reduces of one float per token (the transform's maxima and sums, the bisection's)
+        per_token = [d for d in re.findall(r"= [fs]32\[([\d,]*)\]\S* all-reduce(?:-start)?\(", hlo)
+                     if np.prod([int(x) for x in d.split(",") if x]) <= n]
+        assert ops["all-reduce"] - (0 if sampling.greedy else len(per_token)) <= 2 * layers + 8, ops
         for line in hlo.splitlines():
             m = re.search(r"= (\w+)\[([\d,]*)\][^ ]* all-gather(-start)?\(", line)
             if m:
                 size = np.prod([int(x) for x in m.group(2).split(",") if x])
-                assert size <= 4 * n * 16, line[:200]
+                assert size <= tp * n * max(16, sampling.top_k), line[:200]
+        vocab = st.cfg.vocab_rows
+        assert not re.search(rf"\b(?:{vocab}|{vocab // tp})\]\S*\)? sort\(", hlo), "the vocabulary is sorted"
         assert ops["all-to-all"] == 0 and ops["reduce-scatter"] == 0, ops
 
 
@@ -448,3 +459,32 @@ def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
         S.check_drafter(drafter.cfg.replace(intermediate_size=100), 8)
     with pytest.raises(ConfigError, match=r"needs 16 devices, but 8 are visible"):
         S.make_mesh(8, 2)
+
+
+def test_sampled_log_probs_run_per_vocab_shard(target, drafter):
+    """The sampling transform on a vocabulary split 4 ways (TP 4 x DP 2, padding columns at -inf): the same kept
+    tokens and log-probabilities as unsharded, with only the shards' top-k candidates gathered; and sampled AR,
+    DFlash (rejection sampling) and DDTree give the unsharded engine's tokens for the same seed (every sample's
+    noise is drawn per row, so the padded vocabulary's wider rows do not move it: reference.categorical)."""
+    mesh = S.make_mesh(4, 2)
+    x = jnp.round(jax.random.normal(jax.random.key(2), (4, 3, 512)) * 8) / 4
+    x = x.at[..., 509:].set(-jnp.inf)
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None, "model")))
+    for s in SAMPLED + [Sampling(1.0, 5)]:
+        f = jax.jit(lambda l: log_probs(l, s))
+        with jax.set_mesh(mesh):
+            got = f(xs)
+            hlo = f.lower(xs).compile().as_text()
+        want = log_probs(x, s)
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=str(s))
+        np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-6, atol=1e-6)
+        for g in re.findall(r"= \w+\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", hlo):
+            assert np.prod([int(d) for d in g.split(",")]) <= 2 * 3 * 4 * max(s.top_k, 1), (s, g)
+    prompts = [[5, 17, 300, 2], [9, 9, 400, 61, 7, 3]]
+    st, sd = S.shard_target(target, mesh), S.shard_drafter(drafter, mesh)
+    for s in SAMPLED + [Sampling(0.7)]:
+        for budget in ("ar", None, 12):
+            spec = lambda d, cfg: None if budget == "ar" else DFlash(d, cfg, budget=budget)
+            ref = Engine(target, spec(drafter, target.cfg), sampling=s).generate(prompts, 12, seed=5)
+            out = Engine(st, spec(sd, st.cfg), sampling=s, mesh=mesh).generate(prompts, 12, seed=5)
+            assert out.tokens == ref.tokens, (s, budget)

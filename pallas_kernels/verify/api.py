@@ -2,14 +2,14 @@
 
 | implementation     | what                                                               | default      |
 | ------------------ | ------------------------------------------------------------------ | ------------ |
-| "reference"        | jnp.argmax / jax.random.categorical (reference.target_choice)      | elsewhere    |
+| "reference"        | jnp.argmax / Gumbel-max on jax.random bits (reference.categorical) | elsewhere    |
 | "xla"              | the kernel's hash Gumbel-max in jnp (reference.gumbel_choice)       | never        |
 | "pallas_triton"    | one pass over the logits, Triton lowering (pallas_triton.py)       | on GPU       |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter                       | never (tests)|
 
 Greedy gives the same tokens whatever the implementation (argmax, lowest index on ties). Sampling at a
 temperature draws from the same distribution, softmax(logits / T), but from different random bits:
-"reference" keeps the tokens jaxspec produced before this op existed. An explicit `implementation=`
+"reference" draws jax.random bits per row (reference.categorical), the same as jaxspec's other samplers. An explicit `implementation=`
 wins; else the environment variable JAXSPEC_VERIFY (read when the caller is traced); else the kernel on
 a GPU (its 12 GPU tests passed on the H200: bench/results/2026-11-29-h200x2-kernel-gpu-tests.log) and
 "reference" elsewhere. Under a mesh the logits are sharded (vocabulary over "model", rows over "data"):

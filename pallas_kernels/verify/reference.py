@@ -1,7 +1,9 @@
 """The target's choice at every tree node, from its logits [..., V]: the spec and the test oracles.
 
 * `target_choice` is the spec: greedy is jnp.argmax (lowest index on ties); at temperature T a
-  sample of softmax(logits / T) by jax.random.categorical (what jaxspec.sampling.choose computed).
+  sample of softmax(logits / T) by `categorical`: Gumbel-max with jax.random bits drawn per row, so that a
+  row's real entries get the same noise however wide the row is padded (a tensor-parallel vocabulary is
+  padded to a multiple of the degree) or split over devices.
 * `gumbel_choice` is the kernel's own math in jnp, bit for bit on the CPU: Gumbel-max,
   argmax_v(logits_v / T + g_v), with g_v = -log(-log(u_v)) and u_v a counter-based hash of
   (seed, row, v) instead of a stream of jax.random bits, so that the noise is made where the logits are
@@ -22,7 +24,19 @@ def target_choice(key, logits, temperature: float):
     if temperature == 0.0:
         return jnp.argmax(logits, -1).astype(jnp.int32)
     x = logits.astype(jnp.float32) / temperature
-    return jax.random.categorical(key, jax.nn.log_softmax(x, -1), -1).astype(jnp.int32)
+    return categorical(key, jax.nn.log_softmax(x, -1))
+
+
+def categorical(key, logits):
+    """[...] int32: one sample of softmax(logits) per row of logits [..., V] (-inf allowed), as
+    jax.random.categorical draws it (argmax of logits + Gumbel noise), but with row r's noise drawn from its own
+    key, split r of `key`, over its V entries. With partitionable threefry (JAX's default) entry v's bits depend
+    on v alone, not on V, so padding a row's end or sharding it leaves every sample as it was; one
+    jax.random.categorical over the whole [..., V] array numbers its bits across rows, so padding moved them."""
+    lead, v = logits.shape[:-1], logits.shape[-1]
+    keys = jax.random.split(key, int(np.prod(lead, dtype=np.int64)))
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys).reshape(logits.shape)
+    return jnp.argmax(logits.astype(jnp.float32) + noise, -1).astype(jnp.int32)
 
 
 def seed_words(key):
