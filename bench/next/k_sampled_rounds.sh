@@ -1,0 +1,36 @@
+#!/bin/bash
+# #6 (nvidia-h200, two calls, ~7 + ~4 min): sampled rounds before and after session 48's sort-free sampling transform.
+# Before (9b0daea), `sampling.log_probs` ran lax.top_k over the whole vocabulary (XLA's GPU backend lowers that to a
+# sort of each 248320-token row: 1.5 ms for a [15, V] tree build on the H200, 2026-11-29, jaxspec/ddtree.py) and top-p
+# sorted the row again; a sampled DDTree round does both for the drafter's 15 rows and the target's 64, a DFlash
+# round for 15 and 16, an AR step for 1. After, top-k is ddtree.vocab_top_k (counted in levels on a GPU), top-p
+# comes from its k candidates, and top-p alone is a bisection of 32 masked sums over the row.
+#   Settings: greedy (control: unchanged code path, must match within noise), 0.6,20,0.95 (Qwen's recommended
+#   sampling), 0.7,0,0.9 (top-p alone). Real shape, 1K, random bf16 weights, one lease, base then new per setting.
+#   Predicted: greedy equal (+-0.1 ms). 0.6,20,0.95: DDTree(63) and DFlash rounds 3-10 ms shorter than base, the AR
+#   step 0.2-1.5 ms shorter; new within 0.3-0.8 ms of greedy for the rounds, 0.1-0.3 for AR. 0.7,0,0.9: base as
+#   slow as or slower than with top-k; new 0.5-1.5 ms above greedy for DDTree(63) (32 passes over [64, V] f32),
+#   0.3-1.0 for DFlash, <= 0.3 for AR. If new is slower than base anywhere, say so in bench/NOTES.md and look at a
+#   trace before keeping it.
+# Needs `_base48/` (the base tree with this session's bench.rounds, which has --sampling; untracked, so it travels):
+#   mkdir _base48 && git archive 9b0daea jaxspec pallas_kernels bench convert pyproject.toml ':!jaxspec/demo' \
+#     ':!bench/results' ':!bench/next' | tar x -C _base48 && cp bench/rounds.py _base48/bench/
+#   OUT=... SETTINGS="0 0.6,20,0.95" bash bench/next/k_sampled_rounds.sh, then SETTINGS=0.7,0,0.9 in a second call
+#   (each run ~100 s at the real shape; writes $OUT/sampled-rounds.tgz; CONFIG=tiny JAX_PLATFORMS=cpu: a dry run, ~4 min)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+OUT=${OUT:?}
+CONFIG=${CONFIG:-real}
+grep -q -- "--sampling" _base48/bench/rounds.py 2>/dev/null || { echo "no _base48/ with --sampling: see the header"; exit 2; }
+W=$(mktemp -d)
+START=$SECONDS
+trap 'tar czf $OUT/sampled-rounds.tgz -C $W .' EXIT
+rounds() {  # NAME SAMPLING (from the tree it is called in)
+  timeout 150 python -m bench.rounds --config $CONFIG --context 1024 --phases ar,ddtree,dflash \
+    --rounds-only --budgets 63 --round-budget 63 --ar-rounds 20 --max-len 8192 --sampling $2 \
+    --out $W/rounds-$1.json > $W/rounds-$1.log 2>&1
+  echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep -E "_round(_device_loop)? " $W/rounds-$1.log | cut -c1-120
+}
+for S in ${SETTINGS:-0 0.6,20,0.95 0.7,0,0.9}; do
+  rounds new-$S $S
+  (cd _base48 && rounds base-$S $S)
+done
