@@ -202,9 +202,11 @@ def top_k(x, k: int):
 def vocab_top_k(x, k: int):
     """`lax.top_k` over the last axis in stages, without ranking the whole vocabulary at once.
 
-    "sort" (see TOP_K_ENV): per chunk of 2048, then over the chunk winners. On the H200 (2026-11-29) XLA
+    "sort" (see TOP_K_ENV): on a GPU per chunk of 2048, then over the chunk winners. On the H200 (2026-11-29) XLA
     lowered top_k over the 248320-token axis to a full sort of it (1.5 ms per tree at B = 64); sorting
-    2048-wide rows is cheap. "count": the k best chunks by their maximum, then the k best of their entries,
+    2048-wide rows is cheap. Elsewhere lax.top_k whole: XLA's CPU top_k is a partial sort, 3-6x faster there than
+    the chunks at V = 248320 (0.66 against 1.93 ms for one row at k = 20, 7.1 against 42.6 for [15, V] at k = 64,
+    bench/results/2026-12-05-cpu-s48-sampling/). "count": the k best chunks by their maximum, then the k best of their entries,
     the same way again while they are more than COUNT_ROW (_counted_vocab_top_k). Same result as a stable
     top_k either way: among equal values, the lower index.
     """
@@ -268,7 +270,7 @@ def _counted_vocab_top_k(x, k: int):
 
 def _chunked_top_k(x, k: int):
     v = x.shape[-1]
-    if v <= 2 * _VOCAB_CHUNK or k > _VOCAB_CHUNK:
+    if v <= 2 * _VOCAB_CHUNK or k > _VOCAB_CHUNK or jax.default_backend() != "gpu":
         return jax.lax.top_k(x, k)
     n = -(-v // _VOCAB_CHUNK)
     pad = n * _VOCAB_CHUNK - v

@@ -50,7 +50,7 @@ def log_probs(logits, s: Sampling):
         cut = top[..., -1:]
         x = jnp.where(x < cut, -jnp.inf, x)
         if s.top_p < 1.0:
-            cut = nucleus_cut(top, jnp.exp(x - top[..., :1]).sum(-1, keepdims=True), s.top_p)
+            cut = nucleus_cut(top, jnp.exp(x - top.max(-1, keepdims=True)).sum(-1, keepdims=True), s.top_p)
     elif s.top_p < 1.0:
         cut = bisected_nucleus_cut(x, s.top_p)
     if s.top_p < 1.0:
@@ -91,8 +91,9 @@ def bisected_nucleus_cut(x, top_p: float):
 
 def nucleus_cut(srt, z, top_p: float):
     """The smallest value top-p keeps. srt [..., c]: the row's largest values, descending, holding every entry
-    the cut can keep; z [..., 1]: the sum of exp(x - srt[..., :1]) over the row's kept entries."""
-    p = jnp.exp(srt - srt[..., :1]) / z
+    the cut can keep; z [..., 1]: the sum of exp(x - max) over the row's kept entries. (The max is taken, not
+    sliced: a second slice of lax.top_k's values made XLA's CPU backend sort the whole row instead.)"""
+    p = jnp.exp(srt - srt.max(-1, keepdims=True)) / z
     before = jnp.cumsum(p, -1) - p                 # mass strictly above each sorted entry (its first tie)
     keep = before < top_p                          # the top entry is always kept
     return jnp.min(jnp.where(keep, srt, jnp.inf), -1, keepdims=True)
