@@ -117,6 +117,6 @@ def test_categorical_ignores_padding_and_samples_softmax():
 def test_log_probs_sort_nothing_vocabulary_wide(s):
     """The compiled transform has no sort of a whole row: top-k is XLA's TopK (a partial sort on the CPU) and
     top-p a bisection or a cut from the k candidates. (Slicing lax.top_k's values twice made XLA's CPU backend
-    sort the whole row: 55 against 2 ms a row at V = 248320, bench/results/2026-12-05-cpu-s48-sampling/.)"""
+    sort the whole row instead: bench/results/2026-12-05-cpu-s48-sampling/.)"""
     hlo = jax.jit(lambda x: log_probs(x, s)).lower(jnp.zeros((4, 5000))).compile().as_text()
     assert not [line for line in hlo.splitlines() if " sort(" in line and "5000]" in line.split(" sort(")[0]]
