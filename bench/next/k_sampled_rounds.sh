@@ -15,7 +15,8 @@
 # Needs `_base48/` (the base tree with this session's bench.rounds, which has --sampling; untracked, so it travels):
 #   mkdir _base48 && git archive 9b0daea jaxspec pallas_kernels bench convert pyproject.toml ':!jaxspec/demo' \
 #     ':!bench/results' ':!bench/next' | tar x -C _base48 && cp bench/rounds.py _base48/bench/
-#   OUT=... SETTINGS="0 0.6,20,0.95" bash bench/next/k_sampled_rounds.sh, then SETTINGS=0.7,0,0.9 in a second call
+#   OUT=... SETTINGS="0 0.6,20,0.95" bash bench/next/k_sampled_rounds.sh (then tests/test_sampling.py on the GPU, ~1 min;
+#   NO_TESTS=1 skips it), then NO_TESTS=1 SETTINGS=0.7,0,0.9 in a second call
 #   (each run ~100 s at the real shape; writes $OUT/sampled-rounds.tgz; CONFIG=tiny JAX_PLATFORMS=cpu: a dry run, ~4 min)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
@@ -34,3 +35,8 @@ for S in ${SETTINGS:-0 0.6,20,0.95 0.7,0,0.9}; do
   rounds new-$S $S
   (cd _base48 && rounds base-$S $S)
 done
+if [ "$JAX_PLATFORMS" != cpu ] && [ -z "$NO_TESTS" ]; then
+  # The transform's tests on the GPU's compiled programs (the counted top-k is the GPU's default there).
+  timeout 100 python -m pytest -q -rA tests/test_sampling.py -p no:cacheprovider > $W/gpu-tests-sampling.log 2>&1
+  echo "sampling tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests-sampling.log
+fi
