@@ -432,7 +432,8 @@ def test_verify_runs_per_vocab_shard(target, drafter, monkeypatch, flag):
 
 def test_mtp_sharded_equals_unsharded(target):
     """The MTP head laid out like the target (kv heads repeated at TP 4, data parallel 2): greedy MTP
-    tokens, the acceptance histogram and the head's last drafts equal the unsharded engine's."""
+    tokens, the acceptance histogram and the head's last drafts equal the unsharded engine's; sampled MTP (rejection
+    sampling, top-k and top-p) gives the unsharded tokens for the same seed."""
     from jaxspec.mtp import MTP, MTPHead
     head = MTPHead(target.cfg, rngs=nnx.Rngs(3))
     mesh = S.make_mesh(4, 2)
@@ -445,6 +446,8 @@ def test_mtp_sharded_equals_unsharded(target):
     np.testing.assert_array_equal(out.hist, ref.hist)
     np.testing.assert_array_equal(out.final.draft.drafts, ref.final.draft.drafts)
     assert same_spec(out.final.draft.keys, S.STATE_AXES["keys"])
+    ref = Engine(target, MTP(head, target.cfg, 3), sampling=SAMPLED[0]).generate(prompts, 14, seed=3)
+    assert Engine(st, MTP(sh, st.cfg, 3), sampling=SAMPLED[0], mesh=mesh).generate(prompts, 14, seed=3).tokens == ref.tokens
 
 
 def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
