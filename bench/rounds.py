@@ -209,7 +209,8 @@ def main(argv=None):
         ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context + (k + 1) blocks + rounds x "
                  f"largest tree)")
     result = dict(kind="rounds", config=args.config, context=contexts[0] if len(contexts) == 1 else contexts,
-                  max_len=max_len, block_size=bs, sampling=dataclasses.asdict(sampling), git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
+                  max_len=max_len, block_size=bs, sampling=dataclasses.asdict(sampling), git=H.git_info(),
+                  machine=H.machine_info(), versions=H.versions(),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat())
     # One context: the flat layout of earlier runs ("phases", "vs_ar_step"); several: "contexts" and "ratios"
     # keyed by the context, each against the AR step at that context.

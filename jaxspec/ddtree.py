@@ -206,8 +206,8 @@ def vocab_top_k(x, k: int):
     lowered top_k over the 248320-token axis to a full sort of it (1.5 ms per tree at B = 64); sorting
     2048-wide rows is cheap. Elsewhere lax.top_k whole: XLA's CPU top_k is a partial sort, 2-6x faster there than
     the chunks at V = 248320 (0.48 against 1.57 ms for one row at k = 20, 6.9 against 40.7 for [15, V] at k = 64,
-    bench/results/2026-12-05-cpu-s48-sampling/). "count": the k best chunks by their maximum, then the k best of their entries,
-    the same way again while they are more than COUNT_ROW (_counted_vocab_top_k). Same result as a stable
+    bench/results/2026-12-05-cpu-s48-sampling/). "count": the k best chunks by their maximum, then the k best of
+    their entries, the same way again while they are more than COUNT_ROW (_counted_vocab_top_k). Same result as a stable
     top_k either way: among equal values, the lower index.
     """
     local = _counted_vocab_top_k if top_k_method(max(_count_plan(x.shape[-1], k))) == "count" else _chunked_top_k
