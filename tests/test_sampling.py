@@ -12,7 +12,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from jaxspec.ddtree import TOP_K_ENV
-from jaxspec.sampling import Sampling, bisected_nucleus_cut, categorical, choose, log_probs, nucleus_cut
+from jaxspec.sampling import Sampling, categorical, choose, log_probs, nucleus_cut, searched_nucleus_cut
 
 
 def warped(logits: np.ndarray, s: Sampling) -> np.ndarray:
@@ -33,8 +33,11 @@ CASES = [Sampling(0.7, 20), Sampling(1.3, top_p=0.9), Sampling(0.6, 20, 0.95), S
 @pytest.mark.parametrize("s", CASES, ids=str)
 def test_log_probs_equal_transformers_warpers(monkeypatch, method, s):
     """Fresh random logits over 5000 tokens (so the staged top-k cuts the row into chunks): the same kept tokens
-    as transformers' warpers and the same log-probabilities; top-p cuts between 1 and ~4000 tokens here."""
+    as transformers' warpers and the same log-probabilities; top-p cuts between 1 and ~4000 tokens here. "count"
+    runs the transform as a GPU does (counted top-k, top-p alone searched 15 thresholds a pass)."""
     monkeypatch.setenv(TOP_K_ENV, method)
+    if method == "count":
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     rng = np.random.default_rng(zlib.crc32(f"{method} {s}".encode()))
     logits = (rng.standard_normal((6, 5000)) * rng.uniform(0.5, 4.0, (6, 1))).astype(np.float32)
     want = warped(logits, s)
@@ -61,10 +64,11 @@ def test_top_k_keeps_every_tie_of_the_kth_value(monkeypatch, method):
         np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-5, atol=1e-5)
 
 
-def test_bisected_cut_equals_the_sorted_cut():
+@pytest.mark.parametrize("ways", [2, 5, 16])
+def test_searched_cut_equals_the_sorted_cut(ways):
     """Rows of tied integers, -inf entries, -0.0 beside 0.0, a row whose top entry alone passes top_p: the
-    bisection's cut is the sorted cumulative sum's, value for value; and top-k then top-p keeps what the bisection
-    keeps of the top-k cut."""
+    search's cut is the sorted cumulative sum's, value for value, whether it bisects (a CPU's way) or tries 4 or 15
+    thresholds a pass (a GPU's); and top-k then top-p keeps what the search keeps of the top-k cut."""
     rng = np.random.default_rng(3)
     x = np.round(rng.standard_normal((12, 700)) * 2).astype(np.float32)
     x[0, :350] = -np.inf
@@ -76,7 +80,7 @@ def test_bisected_cut_equals_the_sorted_cut():
     srt = jnp.sort(x, -1)[..., ::-1]
     for p in (0.05, 0.3, 0.5, 0.8, 0.95, 0.999):
         want = nucleus_cut(srt, jnp.exp(srt - srt[..., :1]).sum(-1, keepdims=True), p)
-        got = jax.jit(bisected_nucleus_cut, static_argnums=1)(x, p)
+        got = jax.jit(searched_nucleus_cut, static_argnums=(1, 2))(x, p, ways)
         np.testing.assert_array_equal(got, want, err_msg=f"top_p {p}")
     assert float(got[2, 0]) == 40.0 and float(got[3, 0]) == float(x[3, 699])
     # Top-k then top-p takes its cut from the k candidates alone; the k-th value's ties beyond them still count.
@@ -85,7 +89,7 @@ def test_bisected_cut_equals_the_sorted_cut():
         cut_k = jnp.where(x < kth, -jnp.inf, x)
         for p in (0.3, 0.8, 0.95):
             kept = jnp.isfinite(log_probs(x, Sampling(1.0, k, p)))
-            np.testing.assert_array_equal(kept, x >= bisected_nucleus_cut(cut_k, p), err_msg=f"k {k}, top_p {p}")
+            np.testing.assert_array_equal(kept, x >= searched_nucleus_cut(cut_k, p, ways), err_msg=f"k {k}, top_p {p}")
 
 
 def test_sampled_choice_follows_the_cut_distribution():
@@ -117,7 +121,7 @@ def test_categorical_ignores_padding_and_samples_softmax():
 @pytest.mark.parametrize("s", [Sampling(0.6, 20, 0.95), Sampling(0.7, top_p=0.9), Sampling(1.0, 20)], ids=str)
 def test_log_probs_sort_nothing_vocabulary_wide(s):
     """The compiled transform has no sort of a whole row: top-k is XLA's TopK (a partial sort on the CPU) and
-    top-p a bisection or a cut from the k candidates. (Slicing lax.top_k's values twice made XLA's CPU backend
+    top-p a search or a cut from the k candidates. (Slicing lax.top_k's values twice made XLA's CPU backend
     sort the whole row instead: bench/results/2026-12-05-cpu-s48-sampling/.)"""
     hlo = jax.jit(lambda x: log_probs(x, s)).lower(jnp.zeros((4, 5000))).compile().as_text()
     assert not [line for line in hlo.splitlines() if " sort(" in line and "5000]" in line.split(" sort(")[0]]

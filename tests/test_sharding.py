@@ -270,7 +270,7 @@ SAMPLED = [Sampling(0.7, 20, 0.9), Sampling(0.7, top_p=0.9)]
 def test_compiled_round_has_two_all_reduces_per_layer(target, drafter, sampling):
     """AR, DFlash and DDTree rounds at TP 4: two all-reduces of the residual per target layer, and no all-gather
     of anything larger than a per-shard scalar per token (the sharded argmax) or, sampled with top-k, the
-    shards' k candidates per token; no sort of the vocabulary (top-p cuts by bisection or from the candidates)."""
+    shards' k candidates per token; no sort of the vocabulary (top-p cuts by a search or from the candidates)."""
     check_round_collectives(target, drafter, 4, sampling)
 
 
@@ -302,7 +302,7 @@ def check_round_collectives(target, drafter, tp, sampling=Sampling()):
                     if re.search(rf"= f32\[(?:1,)?(?:{n},)?{h}\]\S* all-reduce(-start)?\(", l)]
         layers = target.cfg.num_layers + (0 if spec is None else 2 * sd.cfg.num_layers)
         assert len(residual) >= 2 * target.cfg.num_layers, ops
-        # Sampling adds all-reduces of one float per token (the transform's maxima and sums, the bisection's)
+        # Sampling adds all-reduces of one float per token (the transform's maxima and sums, the search's)
         per_token = [d for d in re.findall(r"= [fs]32\[([\d,]*)\]\S* all-reduce(?:-start)?\(", hlo)
                      if np.prod([int(x) for x in d.split(",") if x]) <= n]
         assert ops["all-reduce"] - (0 if sampling.greedy else len(per_token)) <= 2 * layers + 8, ops
