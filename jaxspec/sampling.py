@@ -35,7 +35,12 @@ class Sampling:
 
 
 def log_probs(logits, s: Sampling):
-    """Log-probabilities after temperature, top-k and top-p; -inf outside the kept set. [..., V]
+    """Log-probabilities after temperature, top-k and top-p; -inf outside the kept set. [..., V]"""
+    return jax.nn.log_softmax(transformed(logits, s), -1)
+
+
+def transformed(logits, s: Sampling):
+    """logits / T, -inf outside what top-k and top-p keep: the sampled distribution's logits, unnormalised. [..., V]
 
     Top-k keeps every entry >= the k-th largest (ties at the k-th value included, as transformers' warper
     does). Top-p then keeps the fewest largest values whose mass reaches top_p: an entry stays when the mass of
@@ -55,7 +60,7 @@ def log_probs(logits, s: Sampling):
         cut = searched_nucleus_cut(x, s.top_p)
     if s.top_p < 1.0:
         x = jnp.where(x < cut, -jnp.inf, x)
-    return jax.nn.log_softmax(x, -1)
+    return x
 
 
 def _ordered(x):
@@ -128,7 +133,7 @@ def choose(key, logits, s: Sampling):
         return target_choice(key, logits, 0.0)
     if s.top_k == 0 and s.top_p == 1.0:
         return target_choice(key, logits, s.temperature)
-    return categorical(key, log_probs(logits, s))
+    return categorical(key, transformed(logits, s))     # Gumbel-max needs no normalising
 
 
 def target_choice(key, logits, temperature: float):
