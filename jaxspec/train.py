@@ -1122,10 +1122,12 @@ def first_difference(a, b) -> int | None:
 
 def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int, block: int, budgets,
              deadline: float | None = None, detokenize=None, corpus: list[np.ndarray] | None = None,
-             ar_rows: int = 1) -> dict:
+             ar_rows: int = 1, sampling=None) -> dict:
     """AR, DFlash (chain of `block`) and DDTree at each budget on each prompt (batch 1, greedy, no stop):
     tau, token identity to AR and decode time (timed once every method has compiled, the methods taking turns on
-    each prompt).
+    each prompt). With a non-greedy `sampling` (jaxspec.sampling.Sampling) every method samples instead, prompt i
+    with seed i: tau and speed as before, but no identity to AR (speculation keeps AR's distribution, not its
+    draws: `identical_to_ar` is None) and no greedy diagnostics.
     Per prompt too (`tau_per_prompt`, `rounds_per_prompt`, and where each prompt's tokens first part from AR's,
     `first_difference_per_prompt`: None where they never do), and tau over the prompts whose AR continuation does
     not loop (`not_looping`: repeated-window share <= QUIET), so that a looping target's tau can be read apart.
@@ -1140,6 +1142,8 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
     arithmetic (bench/results/2026-12-03-h200-s35/, `rows/`)."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import AR, Engine
+    from jaxspec.sampling import Sampling
+    sampling = sampling or Sampling()
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budgets]
     always = set(methods[:3])
     if ar_rows > 1:
@@ -1153,7 +1157,7 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             continue
         spec = (None if name == "ar" else AR(budget) if name == "ar_rows"
                 else DFlash(drafter, target.cfg, block, budget=budget))
-        engines[name, budget] = eng = Engine(target, spec, stop_tokens=())
+        engines[name, budget] = eng = Engine(target, spec, sampling=sampling, stop_tokens=())
         t0 = time.perf_counter()
         eng.generate([list(map(int, prompts[0]))], max_new, max_len=max_len)          # compile
         compile_s[name, budget] = time.perf_counter() - t0
@@ -1164,7 +1168,7 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
     log(f"eval: timing {len(order)} methods on {len(prompts)} prompts")
     for i, p in enumerate(prompts):
         for m in order[i % len(order):] + order[:i % len(order)]:
-            r = engines[m].generate([list(map(int, p))], max_new, max_len=max_len)
+            r = engines[m].generate([list(map(int, p))], max_new, max_len=max_len, seed=i)
             runs[m].append((r.tokens[0], r.decode_s, r.hist, r.tau))      # not r.final: the device state
     out, ar_tokens, tile_tokens = {}, None, None
     for (name, budget), rs in runs.items():
@@ -1197,15 +1201,19 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
                 entry["recitation"] = rec = recitation(prompts, toks, corpus)
                 log(f"eval: {rec['mean']:.0%} of the target's continuations' {rec['n']}-token windows are in its "
                     f"training text")
-            entry.update(greedy_diagnostics(target, drafter, prompts, toks))
+            if sampling.greedy:
+                entry.update(greedy_diagnostics(target, drafter, prompts, toks))
         else:
-            parts = [first_difference(a, b) for a, b in zip(ar_tokens, toks)]
-            entry["identical_to_ar"] = all(i is None for i in parts)
-            entry["identical_prompts"] = sum(i is None for i in parts)
-            entry["first_difference_per_prompt"] = parts     # where each prompt's tokens part from AR's (None: never)
-            if detokenize is not None:     # what it wrote instead, so that runs at other settings compare too
-                entry["texts_where_different"] = {str(i): detokenize([int(x) for x in t])
-                                                  for i, (t, d) in enumerate(zip(toks, parts)) if d is not None}
+            if not sampling.greedy:     # sampled: other draws from the same distribution, nothing to compare
+                entry["identical_to_ar"] = entry["identical_prompts"] = None
+            else:
+                parts = [first_difference(a, b) for a, b in zip(ar_tokens, toks)]
+                entry["identical_to_ar"] = all(i is None for i in parts)
+                entry["identical_prompts"] = sum(i is None for i in parts)
+                entry["first_difference_per_prompt"] = parts  # where each prompt's tokens part from AR's (None: never)
+                if detokenize is not None:     # what it wrote instead, so that runs at other settings compare too
+                    entry["texts_where_different"] = {str(i): detokenize([int(x) for x in t])
+                                                      for i, (t, d) in enumerate(zip(toks, parts)) if d is not None}
             quiet = [x is not None and x <= QUIET for x in out["ar"]["repetition"]["per_prompt"]]
             entry["not_looping"] = {"max_share": QUIET, "prompts": int(sum(quiet)),
                                     "tau": tau_where(per_tau, per_rounds, quiet)}
@@ -1216,14 +1224,15 @@ def evaluate(target: Qwen35, drafter: Drafter, prompts: np.ndarray, max_new: int
             entry["speedup_vs_ar"] = out["ar"]["decode_s"] / max(decode, 1e-9)
             if name == "ar_rows":
                 tile_tokens = toks
-            elif tile_tokens is not None:
+            elif tile_tokens is not None and sampling.greedy:
                 entry["identical_prompts_to_ar_rows"] = sum(a == b for a, b in zip(tile_tokens, toks))
         out[key] = entry
         log(f"eval {key}: tau {tau:.2f}"
             + (f" ({entry['chars_per_round']:.2f} chars/round)" if detokenize is not None else "")
             + f", {entry['tok_per_s']:.1f} tok/s"
-            + (f", speedup {entry['speedup_vs_ar']:.2f}x, identical {entry['identical_to_ar']}"
-               f" ({entry['identical_prompts']}/{len(toks)} prompts)" if name != "ar" else "")
+            + (f", speedup {entry['speedup_vs_ar']:.2f}x" if name != "ar" else "")
+            + (f", identical {entry['identical_to_ar']} ({entry['identical_prompts']}/{len(toks)} prompts)"
+               if name != "ar" and sampling.greedy else "")
             + (f"; tau {entry['not_looping']['tau']:.2f} on the {entry['not_looping']['prompts']} prompts that do not "
                f"loop" if name != "ar" and entry["not_looping"]["tau"] is not None else "")
             + (f"; tau {entry['not_reciting']['tau']:.2f} on the {entry['not_reciting']['prompts']} that do not "
@@ -1696,10 +1705,15 @@ def run_eval(args) -> int:
     from convert.store import load_model
     from jaxspec.tokenizer import load_tokenizer
 
+    from jaxspec.sampling import Sampling
     for flag, v in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
                     ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows)):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
+    try:
+        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     files, left_out, trained, listed = text_files(args.text), [], None, 0
     if args.unseen_by:
         try:
@@ -1733,10 +1747,12 @@ def run_eval(args) -> int:
     precision = args.matmul_precision or ("highest" if args.dtype == "float32" else "default")
     with jax.default_matmul_precision(precision):
         methods = evaluate(target, drafter, prompts, args.max_new, block, tuple(args.budgets),
-                           detokenize=tok.decode, corpus=corpus, ar_rows=args.ar_rows)
+                           detokenize=tok.decode, corpus=corpus, ar_rows=args.ar_rows, sampling=sampling)
     git = git_info()
-    result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): greedy, batch 1, "
-                      "no stop; tau = tokens committed per verify round",
+    result = {"what": "held-out evaluation of a target + DFlash drafter (python -m jaxspec.train eval): "
+                      + ("greedy" if sampling.greedy else "sampled (prompt i with seed i)")
+                      + ", batch 1, no stop; tau = tokens committed per verify round",
+              "sampling": dataclasses.asdict(sampling),
               "commit": git["commit"], "dirty": git["dirty"], "machine": machine(), "jax": jax.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "flags": dispatch.flags(),
@@ -1900,6 +1916,12 @@ def parser() -> argparse.ArgumentParser:
                         "accepted), as a verify sees its rows, and count the prompts on which each speculative method "
                         "gives that AR's tokens (default: %(default)s, plain AR only). For --matmul-precision "
                         "settings under which a 1-row product differs from a verify's rows")
+    e.add_argument("--temperature", type=float, default=0.0,
+                   help="sample every method at this temperature, prompt i with seed i (default: 0, greedy). Sampled "
+                        "runs give tau and speed but no identity to AR: speculation keeps AR's distribution, not its "
+                        "draws")
+    e.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most likely tokens (0 = off)")
+    e.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus mass (1.0 = off)")
     e.add_argument("--block-size", type=int, default=None,
                    help="the drafter's block: DFlash verifies a chain of this many tokens and DDTree's trees are at "
                         "most this deep minus one (default: the block it was trained with)")

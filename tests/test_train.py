@@ -1007,6 +1007,8 @@ def test_eval_unseen_by_refuses_before_loading_models(tmp_path, capsys):
     assert train.main(base + [str(both)]) == 2
     assert "every --text file was seen by that pair" in capsys.readouterr().err
     assert not (tmp_path / "e.json").exists()
+    assert train.main(base[:-1] + ["--temperature", "0.7", "--top-p", "1.5"]) == 2      # also before any model
+    assert "--top-p must be in (0, 1], got 1.5" in capsys.readouterr().err
 
 
 def test_evaluate_counts_characters_per_round(monkeypatch):
@@ -1048,6 +1050,26 @@ def test_evaluate_past_its_deadline_still_compares_each_method():
     assert set(m) == {"ar", "dflash", "ddtree_b3"}
     assert m["dflash"]["identical_to_ar"] and m["ddtree_b3"]["identical_to_ar"]
     assert m["dflash"]["first_difference_per_prompt"] == [None] and m["dflash"]["identical_prompts"] == 1
+
+
+def test_evaluate_samples_when_asked():
+    """`evaluate(..., sampling=...)` (eval --temperature/--top-k/--top-p): every method samples, prompt i with seed
+    i; tau and speed as greedy, no identity to AR (other draws from the same distribution) and no greedy
+    diagnostics. AR's continuations are the sampled ones (seed i), not greedy AR's."""
+    from jaxspec.engine import Engine
+    from jaxspec.sampling import Sampling
+    prompts = np.random.default_rng(7).integers(2, 300, (2, 8)).astype(np.int32)
+    target, drafter, s = tiny_target(), tiny_drafter(block=4), Sampling(1.5, 50, 0.95)
+    m = train.evaluate(target, drafter, prompts, 6, 4, (3,), detokenize=lambda ids: list(ids), sampling=s)
+    assert set(m) == {"ar", "dflash", "ddtree_b3"}
+    for k in ("dflash", "ddtree_b3"):
+        assert m[k]["identical_to_ar"] is None and m[k]["identical_prompts"] is None, k
+        assert "first_difference_per_prompt" not in m[k] and m[k]["tau"] >= 1.0 and m[k]["tokens"] == 12, k
+    assert "depth1_agreement" not in m["ar"] and "target_confidence" not in m["ar"]
+    sampled, greedy = Engine(target, sampling=s, stop_tokens=()), Engine(target, stop_tokens=())
+    for i, p in enumerate(prompts):
+        assert m["ar"]["texts"][i] == sampled.generate([list(map(int, p))], 6, seed=i).tokens[0]
+    assert m["ar"]["texts"] != [greedy.generate([list(map(int, p))], 6).tokens[0] for p in prompts]
 
 
 def test_first_difference_says_where_two_continuations_part():
