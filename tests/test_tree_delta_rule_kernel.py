@@ -64,35 +64,15 @@ def test_kernel_gram_either_side(seed, n, gram_inside):
     assert_matches(interpret(*args, gram_inside=gram_inside), reference.tree_delta_rule(*args))
 
 
-@pytest.mark.parametrize("n", [16, 40, 65])
-def test_kernel_split_m(seed, n):
-    """M = P Tb in its own kernel, a program per tile of rows, equals the reference (grouped heads, trees);
-    it needs the Gram products ahead of the kernels."""
-    args, _ = make_inputs(seed, Spec(2, n, 4, 16, 16, "tree", key_heads=2))
-    assert_matches(interpret(*args, split_m=True), reference.tree_delta_rule(*args))
-    with pytest.raises(ValueError, match="split_m needs the Gram products"):
-        interpret(*args, split_m=True, gram_inside=True)
-
-
-@pytest.mark.parametrize("n,split_m", [(16, False), (40, False), (65, True)])
-def test_kernel_split_keys(seed, n, split_m):
-    """W = Tb E K and U = E Q - M E K in their own kernel, a program per tile of rows and key chunk (two
-    chunks of 16 here), equal the reference: grouped heads, trees, with M formed either way."""
-    args, _ = make_inputs(seed, Spec(2, n, 6, 32, 24, "tree", key_heads=2))
-    out = interpret(*args, split_keys=True, split_m=split_m, key_chunk=16)
-    assert_matches(out, reference.tree_delta_rule(*args))
-
-
 @pytest.mark.parametrize("n,block_dv,key_chunk", [(1, 64, 32), (5, 16, 16), (16, 64, 32), (16, 16, 16)])
 def test_kernel_one_tile(seed, n, block_dv, key_chunk):
     """Prepare and apply as one kernel for a block of one tile: grouped heads, trees, one or two value slices
-    and key chunks; refused for more than one tile or with the options it does not take."""
+    and key chunks; refused for more than one tile or with the Gram products ahead of it."""
     args, _ = make_inputs(seed, Spec(2, n, 6, 32, 24, "tree", key_heads=2))
     out = interpret(*args, one_kernel=True, block_dv=block_dv, key_chunk=key_chunk)
     assert_matches(out, reference.tree_delta_rule(*args))
-    for options in ({"split_m": True}, {"split_keys": True}, {"gram_inside": False}):
-        with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
-            interpret(*args, one_kernel=True, **options)
+    with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
+        interpret(*args, one_kernel=True, gram_inside=False)
     args, _ = make_inputs(seed, Spec(1, 17, 2, 16, 16, "chain"))
     with pytest.raises(ValueError, match="got 17 nodes"):
         interpret(*args, one_kernel=True)
@@ -265,9 +245,9 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-# (nodes, options, Triton kernels): prepare (+ mix) (+ keys) + apply, or the one-tile kernel alone
-LOWERINGS = [(1, {}, 2), (65, {}, 2), (65, {"split_m": True}, 3), (64, {"split_keys": True}, 3),
-             (16, {"one_kernel": True}, 1), (16, {"one_kernel": None}, 1), (65, {"one_kernel": None}, 2)]
+# (nodes, options, Triton kernels): prepare + apply, or the one-tile kernel alone
+LOWERINGS = [(1, {}, 2), (65, {}, 2), (16, {"one_kernel": True}, 1), (16, {"one_kernel": None}, 1),
+             (65, {"one_kernel": None}, 2)]
 
 
 @pytest.mark.parametrize("n,options,kernels", LOWERINGS, ids=lambda x: str(x) if not isinstance(x, dict) else
@@ -275,8 +255,8 @@ LOWERINGS = [(1, {}, 2), (65, {}, 2), (65, {"split_m": True}, 3), (64, {"split_k
 @pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
 def test_triton_lowering(n, options, kernels, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
-    two shapes, supported primitives, the dot precision; one tile (Gram tiles inside) and five, with M in
-    prepare or in its own kernel, W and U in the apply or in their own kernel, one tile in one kernel.
+    two shapes, supported primitives, the dot precision (the kernels' and the Gram product's); one tile (Gram
+    tiles inside) and five, one tile in one kernel.
     (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
@@ -333,8 +313,7 @@ def test_bench_sweep_variants_match_reference(seed, n):
     ref = reference.tree_delta_rule(*args)
     variants = {k: v for k, v in bench.implementations(True, True).items()
                 if k.startswith("pallas_triton/") and "/dv" not in k}
-    assert {"pallas_triton/split_m", "pallas_triton/split_keys", "pallas_triton/gram_tf32x3",
-            "pallas_triton/one_kernel"} <= set(variants)
+    assert {"pallas_triton/gram_tf32x3", "pallas_triton/one_kernel"} <= set(variants)
     for name, fn in variants.items():
         if name == "pallas_triton/one_kernel" and n > pallas_triton.TILE:
             with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
@@ -390,12 +369,9 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 
-# The opt-in structural variants, compiled, at the real shape: M = P Tb in its own kernel (split_m); W and U in
-# their own kernel (split_keys); prepare and apply as one kernel for one tile (one_kernel); the Gram products
-# ahead of the kernels in three tf32 passes (gram_precision).
+# The opt-in structural variants, compiled, at the real shape: prepare and apply as one kernel for one tile
+# (one_kernel); the Gram products ahead of the kernels in three tf32 passes (gram_precision).
 GPU_VARIANTS = [(options, n, shape) for options, cases in (
-    ({"split_m": True}, [(64, "chain"), (65, "tree")]),
-    ({"split_keys": True}, [(16, "chain"), (64, "tree"), (65, "tree")]),
     ({"one_kernel": True}, [(5, "tree"), (16, "chain"), (16, "tree")]),
     ({"gram_precision": "tf32x3"}, [(64, "tree"), (65, "chain")])) for n, shape in cases]
 

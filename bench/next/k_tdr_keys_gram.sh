@@ -19,12 +19,17 @@
 #      45-48 / 55-58; c 18-22 / 40-46 / 48-55; d (N = 16 only) 15-18.
 #   2. The tree delta rule's GPU test file in full (b987f00's tile inverse and a have not run it; b-d have tests).
 # PART=rounds: the rounds at 1K (DDTree(63), DFlash), one lease: the tree, then copies with b, c, d on by default
-#   (_alt_gram/, _alt_keys/, _alt_one/). Predicted against the tree: b DDTree(63) 0.1-0.25 ms shorter, DFlash the
+#   (_alt_gram/, _alt_one/; _alt_keys/ until session 49). Predicted against the tree: b DDTree(63) 0.1-0.25 ms shorter, DFlash the
 #   same (one tile keeps the Gram dots inside); c DDTree(63) 0.3-0.5 shorter, DFlash +-0.15; d DFlash 0.05-0.15
 #   shorter, DDTree(63) the same.
 # Keep what shortens its round by >= 0.15 ms without lengthening the other by more than 0.1 (c: by default only for
 # blocks of more than one tile unless N = 16 wins too), then remove the flags and code paths that lost, with the
 # numbers in the docstring. If a's GPU tests fail, revert a (the two einsums and the slice come back).
+# VARIANTS (PART=rounds; default "gram one") names the copies to time after the tree, e.g. only those whose
+# op bench won.
+# Session 49 ran PART=ops (bench/results/2026-12-05-h200-s49/call1-tdr-ops/: a's tests passed; device us a layer at
+# N = 16 / 64 / 65: default 19.2 / 47.6 / 57.5, b 19.3 / 46.2 / 57.3, c 20.0 / 46.6 / 58.9, d 18.1 at 16, split_m
+# 22.3 / 51.7 / 59.0) and removed c and split_m; PART=rounds (b and d only) is still to run.
 #   PART=ops|rounds OUT=... bash bench/next/k_tdr_keys_gram.sh    (writes $OUT/tdr-$PART.tgz; CONFIG=tiny
 #   JAX_PLATFORMS=cpu PART=rounds is the dry run: the op bench and the GPU tests need the GPU)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -49,7 +54,7 @@ rounds() {  # NAME
 case $PART in
   ops)
     IMPLS=pallas_triton
-    for v in gram_tf32x3 split_keys split_keys/kc64 one_kernel split_m; do IMPLS+=,pallas_triton/$v; done
+    for v in gram_tf32x3 one_kernel; do IMPLS+=,pallas_triton/$v; done
     timeout 170 python -m pallas_kernels.tree_delta_rule.bench --sweep --sizes 16,64,65 --json $W/bench.json \
       --impls $IMPLS > $W/bench.log 2>&1
     echo "bench rc=$? at $((SECONDS - START)) s"; grep "N=" $W/bench.log | cut -c1-120; save
@@ -57,10 +62,9 @@ case $PART in
       > $W/gpu-tests.log 2>&1
     echo "tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests.log;;
   rounds)
-    alt _alt_gram 'gram_precision="ieee", split_m' 'gram_precision="tf32x3", split_m'
-    alt _alt_keys 'split_keys=False,$' 'split_keys=True,'
+    alt _alt_gram 'gram_precision="ieee", one_kernel' 'gram_precision="tf32x3", one_kernel'
     alt _alt_one 'one_kernel=False):' 'one_kernel=None):'
     rounds tree; save
-    for v in gram keys one; do (cd _alt_$v && rounds $v); save; done;;
+    for v in ${VARIANTS-gram one}; do (cd _alt_$v && rounds $v); save; done;;
   *) echo "PART=ops or PART=rounds"; exit 2;;
 esac

@@ -31,15 +31,11 @@ def implementations(sweep: bool, on_gpu: bool):
         return impls
     impls["pallas_triton"] = pallas_triton.tree_delta_rule
     if sweep:
-        # where the Gram tiles and M = P Tb are formed (defaults: Gram inside prepare for one tile, M in prepare)
+        # where the Gram tiles are formed (default: inside prepare for one tile), and the opt-ins
         impls["pallas_triton/gram_outside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=False)
         impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
-        impls["pallas_triton/split_m"] = functools.partial(pallas_triton.tree_delta_rule, split_m=True)
         impls["pallas_triton/gram_tf32x3"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="tf32x3")
         impls["pallas_triton/one_kernel"] = functools.partial(pallas_triton.tree_delta_rule, one_kernel=True)
-        impls["pallas_triton/split_keys"] = functools.partial(pallas_triton.tree_delta_rule, split_keys=True)
-        impls["pallas_triton/split_keys/kc64"] = functools.partial(pallas_triton.tree_delta_rule, split_keys=True,
-                                                                   key_chunk=64)
         for precision in sorted(pallas_triton.PRECISIONS):
             for block_dv in (32, 64, 128):
                 for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):

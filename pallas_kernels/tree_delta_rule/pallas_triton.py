@@ -21,8 +21,9 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   N = 64 / 65, bench/results/2026-12-04-h200-s44/tdr-gram/), and was removed. XLA already merged the two into
   one product, [Q; K] K^T, then sliced its output in two (1.4 us a layer at N = 64 in session 46's round); the
   product is now written that way and both kernels read their half of it through their index maps. In fp32
-  (`gram_precision="ieee"`) XLA ran it as 8.5 us of FMA tiles; "tf32x3" (three tf32 tensor-core passes) is
-  the opt-in to try (not yet timed).
+  (`gram_precision="ieee"`) XLA ran it as 8.5 us of FMA tiles; "tf32x3" (three tf32 tensor-core passes, opt-in)
+  took the op from 19.2 / 47.6 / 57.5 to 19.3 / 46.2 / 57.3 us a layer at N = 16 / 64 / 65 on the H200
+  (bench/results/2026-12-05-h200-s49/call1-tdr-ops/); its rounds are not timed yet.
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
   substitution, the diagonal tiles' inverses by recursive doubling of their diagonal blocks (six [T, T] dots
@@ -31,26 +32,23 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   bench/results/2026-12-04-h200-s46/). Neither is a power series: (I + A)^-1 = prod_m (I + A^(2^m)) loses
   everything to cancellation when keys are correlated and decays weak (relative error 4e8 at N = 64,
   measured against float64).
-* `_mix_kernel` (opt-in, `split_m`): M = P Tb a tile of rows per program, for when the prepare kernel's
-  serial chain (48 programs on 132 SMs) is the bottleneck of a large tree; it then forms Tb alone. On the
-  H200 it changed nothing (27.6 / 29.9 us a layer at N = 64 / 65 against 27.4 / 30.1 for the default,
-  bench/results/2026-12-04-h200-s43/split/): M is not where the chain spends its time, so it stays opt-in.
 * `_apply_kernel` (a program per batch row, value head, slice of the value dim and node tile) forms
   Tb E K and M E K for its tile a key chunk at a time, multiplies them into S0, and adds Tb V and M V.
   Tiles do not depend on each other, so the work spreads over the SMs. Reading Tb's and M's rows whole
   (one dot over all N nodes instead of a loop over tiles) was slower on the H200: 57.0 / 79.0 us a layer
   for the op at N = 64 / 65 against 51.1 / 60.6, and with the key chunks unrolled too 107.6 / 595.6
   (session 46).
-* `_keys_kernel` (opt-in, `split_keys`): W = Tb E K and U = E Q - M E K for one tile of rows and one key
-  chunk per program, written out, so that each `_apply` program only multiplies W and U into S0 and adds
-  Tb V and M V. In the round's profile (session 46) the apply took 21.5 us a layer at N = 64: its program for
-  the last tile runs the key chunks in sequence, each with a loop over all tiles j <= i. Split, that chain
-  is spread over 4x the programs at the cost of one more launch and W and U's round trip through memory
-  (2 x 1.5 MB a layer at N = 64). Not yet timed on the GPU.
+* Removed after the H200's op bench (48 dependent layers, device us a layer at N = 16 / 64 / 65 against the
+  default's 19.2 / 47.6 / 57.5; bench/results/2026-12-05-h200-s49/call1-tdr-ops/): `split_m`, M = P Tb in a
+  kernel of its own, a program per tile of rows (22.3 / 51.7 / 59.0; no gain in session 43 either), and
+  `split_keys`, W = Tb E K and U = E Q - M E K in a kernel of their own, a program per tile of rows and key chunk
+  (20.0 / 46.6 / 58.9 with chunks of 32, 20.5 / 53.0 / 67.3 with 64): at most 1 us a layer, 0.05 ms a round, where
+  keeping it needed 0.15.
 * `_one_tile_kernel` (opt-in, `one_kernel`): for a block of one tile, prepare and apply in one kernel, each
   program (batch row, value head, value slice) solving its head's tile itself and keeping Tb, M and G in
-  registers. In session 46's DFlash round the two kernels took 8.1 + 6.8 us a layer, one after the other. Not
-  yet timed on the GPU. `_solve` and `_apply` serve both this kernel and the two it would replace.
+  registers. In session 46's DFlash round the two kernels took 8.1 + 6.8 us a layer, one after the other. In
+  the op bench it took N = 16 from 19.2 to 18.1 us a layer (session 49); its rounds are not timed yet. `_solve`
+  and `_apply` serve both this kernel and the two it would replace.
 
 Every value a program computes and reads again stays in its registers; anything read across tiles
 goes through the next kernel (reading back a program's own writes would need a barrier between its
@@ -130,7 +128,7 @@ def _unit_lower_inverse(a, precision):
     return inv
 
 
-def _gram_getters(refs, gram_inside, with_m, precision):
+def _gram_getters(refs, gram_inside, precision):
     """(kk_at, qk_at, the refs left): the Gram tiles K_i K_j^T and Q_i K_j^T as dots of the program's own Q and K
     rows (`gram_inside`) or read from the products made ahead of the kernel."""
     dot = functools.partial(_dot, precision=precision)
@@ -139,15 +137,12 @@ def _gram_getters(refs, gram_inside, with_m, precision):
         kk_at = lambda ri, rj: dot(k_ref[ri, :], k_ref[rj, :], trans_b=True)
         qk_at = lambda ri, rj: dot(q_ref[ri, :], k_ref[rj, :], trans_b=True)
         return kk_at, qk_at, refs
-    kk_ref, *refs = refs
-    if not with_m:
-        return (lambda ri, rj: kk_ref[ri, rj]), None, refs
-    qk_ref, *refs = refs
+    kk_ref, qk_ref, *refs = refs
     return (lambda ri, rj: kk_ref[ri, rj]), (lambda ri, rj: qk_ref[ri, rj]), refs
 
 
-def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision, with_m):
-    """G, then Tb and (`with_m`) M tile by tile, each handed to put(name, i, j, tile) as soon as it is known
+def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision):
+    """G, then Tb and M tile by tile, each handed to put(name, i, j, tile) as soon as it is known
     (G's tiles with j = None)."""
     dot = functools.partial(_dot, precision=precision)
     r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
@@ -166,8 +161,7 @@ def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision, with_m)
             d_ij = _decay(G[i], G[j], anc_ref[ri, rj])
             kk = kk_at(ri, rj)
             A.append(beta_i[:, None] * (d_ij * (jnp.where(r > c, kk, 0.0) if j == i else kk)))
-            if with_m:
-                P.append(d_ij * qk_at(ri, rj))
+            P.append(d_ij * qk_at(ri, rj))
         # Tb_ii = (I + A_ii)^-1 B_i;  Tb_ij = -(I + A_ii)^-1 sum_{j<=l<i} A_il Tb_lj  (block substitution)
         inv_ii = _unit_lower_inverse(A[i], precision)
         for j in range(i):
@@ -175,18 +169,16 @@ def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision, with_m)
             put("Tb", i, j, Tb[i, j])
         Tb[i, i] = inv_ii * beta_i[None, :]
         put("Tb", i, i, Tb[i, i])
-        if with_m:
-            for j in range(i + 1):
-                put("M", i, j, sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1)))
+        for j in range(i + 1):
+            put("M", i, j, sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1)))
 
 
-def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
+def _prepare_kernel(*refs, n, precision, gram_inside):
     """Per (batch row, value head): `_solve`, its tiles written out. With `gram_inside` (blocks of one tile: a
     DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are read from the
-    products made ahead of the kernel. Without `with_m`, `_mix_kernel` forms M afterwards."""
-    kk_at, qk_at, refs = _gram_getters(refs, gram_inside, with_m, precision)
-    g_ref, beta_ref, anc_ref, tb_ref, *refs = refs
-    m_ref, G_ref = refs if with_m else (None, refs[0])
+    products made ahead of the kernel."""
+    kk_at, qk_at, refs = _gram_getters(refs, gram_inside, precision)
+    g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
     out = {"Tb": tb_ref, "M": m_ref}
 
     def put(name, i, j, tile):
@@ -195,34 +187,12 @@ def _prepare_kernel(*refs, n, precision, gram_inside, with_m):
         else:
             out[name][_row_tile(i), _row_tile(j)] = tile
 
-    _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, n=n, precision=precision, with_m=with_m)
+    _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, n=n, precision=precision)
 
 
 def _row_tile(t):
     """Rows t*T .. t*T + T-1 (t a traced tile index, or a Python int, which needs no alignment hint)."""
     return pl.ds(t * TILE if isinstance(t, int) else pl.multiple_of(t * TILE, TILE), TILE)
-
-
-def _mix_kernel(qk_ref, G_ref, anc_ref, tb_ref, m_ref, *, precision):
-    """M_ij = sum_{j<=l<=i} P_il Tb_lj for one tile of rows i (a program per batch row, value head and row
-    tile): the part of `_prepare_kernel` that needs no substitution, spread over the SMs instead of run in
-    each head's serial chain."""
-    dot = functools.partial(_dot, precision=precision)
-    i = pl.program_id(2)
-    ri = _row_tile(i)
-    G_i = G_ref[ri]
-
-    def column(j, carry):
-        rj = _row_tile(j)
-
-        def term(l, acc):
-            rl = _row_tile(l)
-            return acc + dot(_decay(G_i, G_ref[rl], anc_ref[ri, rl]) * qk_ref[ri, rl], tb_ref[rl, rj])
-
-        m_ref[ri, rj] = lax.fori_loop(j, i + 1, term, jnp.zeros((TILE, TILE), jnp.float32))
-        return carry
-
-    lax.fori_loop(0, i + 1, column, 0)
 
 
 def _tiles_in(G_ref, tb_ref, m_ref):
@@ -244,17 +214,6 @@ def _key_products(q_ref, k_ref, tiles, i, cs, precision):
     zero = jnp.zeros((TILE, cs.size), jnp.float32)
     w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
     return w, jnp.exp(G_at(i))[:, None] * q_ref[_row_tile(i), cs] - mek
-
-
-def _keys_kernel(q_ref, k_ref, G_ref, tb_ref, m_ref, w_ref, u_ref, *, precision):
-    """W and U (`_key_products`) for one tile of rows and one key chunk (`split_keys`: a program per batch
-    row, value head, row tile and key chunk), so that `_apply_kernel` only multiplies them into S0."""
-    i = pl.program_id(2)
-    cs = pl.ds(0, w_ref.shape[-1])
-    w, u = _key_products(q_ref, k_ref, _tiles_in(G_ref, tb_ref, m_ref), i, cs, precision)
-    ri = _row_tile(i)
-    w_ref[ri, :] = w
-    u_ref[ri, :] = u
 
 
 def _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, i, *, precision, key_chunk):
@@ -282,18 +241,11 @@ def _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, i, *, precision, ke
     o_ref[ri, :] = o
 
 
-def _apply_kernel(*refs, precision, key_chunk, split_keys):
+def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
     """`_apply` for one tile of rows (a program per batch row, value head, slice of the value dim and row tile),
-    with Tb, M and G read from prepare's outputs. With `split_keys` W and U come from `_keys_kernel`; else each
-    program forms its own, a key chunk at a time."""
-    if split_keys:
-        w_ref, u_ref, v_ref, s0_ref, tb_ref, m_ref, o_ref, delta_ref = refs
-        tiles = _tiles_in(None, tb_ref, m_ref)
-        key_side = lambda i, cs: (w_ref[_row_tile(i), cs], u_ref[_row_tile(i), cs])
-    else:
-        q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref = refs
-        tiles = _tiles_in(G_ref, tb_ref, m_ref)
-        key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
+    with Tb, M and G read from prepare's outputs; each program forms its W and U a key chunk at a time."""
+    tiles = _tiles_in(G_ref, tb_ref, m_ref)
+    key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
     _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, pl.program_id(3), precision=precision,
            key_chunk=key_chunk)
 
@@ -303,10 +255,10 @@ def _one_tile_kernel(q_ref, k_ref, g_ref, beta_ref, anc_ref, v_ref, s0_ref, o_re
     """The whole rule for a block of one tile (`one_kernel`: a program per batch row, value head and slice of
     the value dim): `_solve` with the Gram dots inside, its tiles kept in registers, then `_apply`. Programs of
     one head solve the same tile each (a few dots) instead of waiting for a prepare kernel."""
-    kk_at, qk_at, _ = _gram_getters((q_ref, k_ref), True, True, precision)
+    kk_at, qk_at, _ = _gram_getters((q_ref, k_ref), True, precision)
     got = {}
     _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, lambda name, i, j, tile: got.__setitem__(name, tile), n=n,
-           precision=precision, with_m=True)
+           precision=precision)
     G_ref[...] = got["G"]                      # every value slice writes the same G
     tiles = (lambda t: got["G"], lambda i, j: got["Tb"], lambda i, j: got["M"])
     key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
@@ -318,10 +270,9 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "gram_precision", "split_m", "split_keys", "one_kernel"))
+                                             "gram_inside", "gram_precision", "one_kernel"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, gram_precision="ieee", split_m=False, split_keys=False,
-                    one_kernel=False):
+                    precision="ieee", gram_inside=None, gram_precision="ieee", one_kernel=False):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -333,11 +284,6 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
     gram_precision: "ieee" or "tf32x3" for those products ahead of the kernels (XLA's, not the kernels' dots).
-    split_m: M = P Tb in `_mix_kernel`, a program per tile of rows, rather than in `_prepare`'s serial chain
-    (needs the Gram products ahead of the kernels: not with gram_inside).
-    split_keys: W = Tb E K and U = E Q - M E K in `_keys_kernel`, a program per tile of rows and key chunk,
-    rather than in each `_apply` program (which then loops over the key chunks and, inside, over the tiles
-    j <= i: the longest chain of the apply at N = 64).
     one_kernel: for a block of one tile (a DFlash block of 16), prepare and apply as one kernel,
     `_one_tile_kernel`, a program per value slice solving its head's tile itself (no launch and no Tb / M
     round trip between them); with the Gram dots inside, M formed, W and U in the program. None: wherever it
@@ -352,14 +298,12 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
-    gram_inside = nt == 1 and not split_m if gram_inside is None else gram_inside
-    if gram_inside and split_m:
-        raise ValueError("tree_delta_rule: split_m needs the Gram products ahead of the kernels (gram_inside=False)")
+    gram_inside = nt == 1 if gram_inside is None else gram_inside
     if one_kernel is None:
-        one_kernel = nt == 1 and not (split_m or split_keys or gram_inside is False)
-    if one_kernel and (nt > 1 or split_m or split_keys or gram_inside is False):
-        raise ValueError(f"tree_delta_rule: one_kernel takes a block of one tile ({TILE} nodes), the Gram dots "
-                         f"inside and neither split_m nor split_keys; got {n} nodes")
+        one_kernel = nt == 1 and gram_inside
+    if one_kernel and (nt > 1 or not gram_inside):
+        raise ValueError(f"tree_delta_rule: one_kernel takes a block of one tile ({TILE} nodes) with the Gram dots "
+                         f"inside; got {n} nodes, gram_inside={gram_inside}")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -416,68 +360,35 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         # through its own FMA dots. The kernels read both halves of the one array (no slices in between).
         grams = jnp.einsum("bnhk,bmhk->bhnm", jnp.concatenate([q, k], 1), k,
                            precision=lax.Precision.HIGHEST if interpret else PRECISIONS[gram_precision])
-        gram_args, gram_specs = ((grams,), [key_gram]) if split_m else ((grams, grams), [key_gram, query_gram])
+        gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
     square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
     outs = pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside, with_m=not split_m),
-        out_shape=(square_f32,) + (() if split_m else (square_f32,)) + (jax.ShapeDtypeStruct((b, n_pad, h), f32),),
+        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside),
+        out_shape=(square_f32, square_f32, jax.ShapeDtypeStruct((b, n_pad, h), f32)),
         grid=(b, h),
         in_specs=gram_specs + [nodes, nodes, tree],
-        out_specs=[square] * (1 if split_m else 2) + [nodes],
+        out_specs=[square, square, nodes],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_prepare",
     )(*gram_args, g, beta, anc)
-    tb, G = outs[0], outs[-1]
-    if split_m:
-        by_tile = lambda spec: pl.BlockSpec(spec.block_shape, lambda bi, hi, ti: spec.index_map(bi, hi))
-        m = pl.pallas_call(
-            functools.partial(_mix_kernel, precision=prec),
-            out_shape=square_f32,
-            grid=(b, h, nt),
-            in_specs=[by_tile(query_gram), by_tile(nodes), by_tile(tree), by_tile(square)],
-            out_specs=by_tile(square),
-            compiler_params=params,
-            interpret=interpret,
-            name="tree_delta_rule_mix",
-        )(grams, G, anc, tb)
-    else:
-        m = outs[1]
+    tb, m, G = outs
 
     # grid: batch, value head, slice of the value dim, tile of nodes
     keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi // rep, 0))
     vals = pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci, ti: (bi, 0, hi, ci))
     per_head = lambda *blk: pl.BlockSpec((None, None) + blk, lambda bi, hi, ci, ti: (bi, hi) + (0,) * len(blk))
-    if split_keys:
-        # grid: batch, value head, tile of nodes, key chunk
-        chunk_rows = pl.BlockSpec((None, n_pad, None, key_chunk), lambda bi, hi, ti, ci: (bi, 0, hi // rep, ci))
-        head_square = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi, ti, ci: (bi, hi, 0, 0))
-        head_chunk = pl.BlockSpec((None, None, n_pad, key_chunk), lambda bi, hi, ti, ci: (bi, hi, 0, ci))
-        key_side = pl.pallas_call(
-            functools.partial(_keys_kernel, precision=prec),
-            out_shape=(jax.ShapeDtypeStruct((b, h, n_pad, dkp), f32),) * 2,
-            grid=(b, h, nt, dkp // key_chunk),
-            in_specs=[chunk_rows, chunk_rows, pl.BlockSpec((None, n_pad, None), lambda bi, hi, ti, ci: (bi, 0, hi)),
-                      head_square, head_square],
-            out_specs=[head_chunk, head_chunk],
-            compiler_params=params,
-            interpret=interpret,
-            name="tree_delta_rule_keys",
-        )(q, k, G, tb, m)
-        key_args, key_specs = key_side, [per_head(n_pad, dkp)] * 2
-    else:
-        key_args, key_specs = (q, k), [keys, keys]
     by_head = pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci, ti: (bi, 0, hi))
     state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci, ti: (bi, hi, 0, ci))
     o, delta = pl.pallas_call(
-        functools.partial(_apply_kernel, precision=prec, key_chunk=key_chunk, split_keys=split_keys),
+        functools.partial(_apply_kernel, precision=prec, key_chunk=key_chunk),
         out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),
                    jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32)),
         grid=(b, h, dvp // block_dv, nt),
-        in_specs=key_specs + [vals, state] + ([] if split_keys else [by_head]) + [per_head(n_pad, n_pad)] * 2,
+        in_specs=[keys, keys, vals, state, by_head] + [per_head(n_pad, n_pad)] * 2,
         out_specs=[vals, vals],
         compiler_params=params,
         interpret=interpret,
         name="tree_delta_rule_apply",
-    )(*key_args, v, s0, *(() if split_keys else (G,)), tb, m)
+    )(q, k, v, s0, G, tb, m)
     return o[:, :n, :, :dv], delta[:, :n, :, :dv], G[:, :n]
