@@ -13,6 +13,8 @@
 #      shorter, DFlash unchanged (+-0.15). Since session 47 the tree also forms the tree delta rule's Gram products as
 #      one product read in halves (k_tdr_keys_gram.sh's a, ~0.07 ms at DDTree(63)): subtract what that call measured.
 #   3. The engine's lossless GPU test with every kernel on (the tree delta rule's GPU file runs in k_tdr_keys_gram.sh).
+#   ROUNDS (default "base new") picks the rounds to time: "base" alone when the tree's rounds came from another call
+#   of the same lease (k_tdr_keys_gram.sh PART=rounds), "" for none.
 #   OUT=... bash bench/next/k_build_levels.sh     (writes $OUT/build-levels.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry
 #   run, which skips the GPU tests)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -33,7 +35,7 @@ rounds() {  # NAME
   echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep "_round " $W/rounds-$1.log | cut -c1-120
 }
 (cd _base && build base); build new; save
-(cd _base && rounds base); rounds new; save
+for r in ${ROUNDS-base new}; do if [ $r = base ]; then (cd _base && rounds base); else rounds new; fi; save; done
 if [ "$JAX_PLATFORMS" != cpu ]; then
   timeout 110 python -m pytest -q -rA -m gpu tests/test_kernels_engine.py -p no:cacheprovider \
     > $W/gpu-tests-engine.log 2>&1

@@ -25,7 +25,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
 CONFIG=${CONFIG:-real}
 grep -q -- "--sampling" _base48/bench/rounds.py 2>/dev/null || { echo "no _base48/ with --sampling: see the header"; exit 2; }
-W=$(mktemp -d)
+W=${W:-$(mktemp -d)}; mkdir -p $W   # W=$OUT/...: the logs land where a cut-off call still returns them
 START=$SECONDS
 trap 'tar czf $OUT/sampled-rounds.tgz -C $W .' EXIT
 rounds() {  # NAME SAMPLING (from the tree it is called in)
