@@ -19,9 +19,9 @@
 #      45-48 / 55-58; c 18-22 / 40-46 / 48-55; d (N = 16 only) 15-18.
 #   2. The tree delta rule's GPU test file in full (b987f00's tile inverse and a have not run it; b-d have tests).
 # PART=rounds: the rounds at 1K (DDTree(63), DFlash), one lease: the tree, then copies with b, c, d on by default
-#   (_alt_gram/, _alt_one/; _alt_keys/ until session 49). Predicted against the tree: b DDTree(63) 0.1-0.25 ms shorter, DFlash the
-#   same (one tile keeps the Gram dots inside); c DDTree(63) 0.3-0.5 shorter, DFlash +-0.15; d DFlash 0.05-0.15
-#   shorter, DDTree(63) the same.
+#   (_alt_gram/, _alt_one/; _alt_keys/ until session 49). Predicted against the tree: b DDTree(63) 0.1-0.25 ms
+#   shorter, DFlash the same (one tile keeps the Gram dots inside); c DDTree(63) 0.3-0.5 shorter, DFlash +-0.15;
+#   d DFlash 0.05-0.15 shorter, DDTree(63) the same.
 # Keep what shortens its round by >= 0.15 ms without lengthening the other by more than 0.1 (c: by default only for
 # blocks of more than one tile unless N = 16 wins too), then remove the flags and code paths that lost, with the
 # numbers in the docstring. If a's GPU tests fail, revert a (the two einsums and the slice come back).
