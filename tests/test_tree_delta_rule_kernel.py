@@ -64,21 +64,6 @@ def test_kernel_gram_either_side(seed, n, gram_inside):
     assert_matches(interpret(*args, gram_inside=gram_inside), reference.tree_delta_rule(*args))
 
 
-@pytest.mark.parametrize("n,block_dv,key_chunk", [(1, 64, 32), (5, 16, 16), (16, 64, 32), (16, 16, 16)])
-def test_kernel_one_tile(seed, n, block_dv, key_chunk):
-    """Prepare and apply as one kernel for a block of one tile: grouped heads, trees, one or two value slices
-    and key chunks; refused for more than one tile or with the Gram products ahead of it."""
-    args, _ = make_inputs(seed, Spec(2, n, 6, 32, 24, "tree", key_heads=2))
-    out = interpret(*args, one_kernel=True, block_dv=block_dv, key_chunk=key_chunk)
-    assert_matches(out, reference.tree_delta_rule(*args))
-    with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
-        interpret(*args, one_kernel=True, gram_inside=False)
-    args, _ = make_inputs(seed, Spec(1, 17, 2, 16, 16, "chain"))
-    with pytest.raises(ValueError, match="got 17 nodes"):
-        interpret(*args, one_kernel=True)
-    assert_matches(interpret(*args, one_kernel=None), reference.tree_delta_rule(*args))   # None: where it applies
-
-
 def test_grouped_heads_equal_repeated_heads(seed):
     """Key heads serving several value heads are the same rule as the keys repeated per value head
     (value head h reads key head h // rep), in every implementation; shapes that do not group are refused."""
@@ -245,18 +230,13 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-# (nodes, options, Triton kernels): prepare + apply, or the one-tile kernel alone
-LOWERINGS = [(1, {}, 2), (65, {}, 2), (16, {"one_kernel": True}, 1), (16, {"one_kernel": None}, 1),
-             (65, {"one_kernel": None}, 2)]
-
-
-@pytest.mark.parametrize("n,options,kernels", LOWERINGS, ids=lambda x: str(x) if not isinstance(x, dict) else
-                         "-".join(x) or "default")
-@pytest.mark.parametrize("precision", sorted(pallas_triton.PRECISIONS))
-def test_triton_lowering(n, options, kernels, precision):
+@pytest.mark.parametrize("n", [1, 16, 65])
+@pytest.mark.parametrize("precision", [None] + sorted(pallas_triton.PRECISIONS))
+def test_triton_lowering(n, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
-    two shapes, supported primitives, the dot precision (the kernels' and the Gram product's); one tile (Gram
-    tiles inside) and five, one tile in one kernel.
+    two shapes, supported primitives, prepare + apply, the dot precision (the kernels' and the Gram product's;
+    None: the defaults, fp32 FMA dots in the kernels and three tf32 passes for the Gram product); one tile (Gram
+    tiles inside) and five.
     (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
@@ -266,16 +246,16 @@ def test_triton_lowering(n, options, kernels, precision):
     shapes = (S((b, n, hk, dk), f32), S((b, n, hk, dk), f32), S((b, n, h, dv), f32), S((b, n, h), f32),
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
-    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, precision=precision, gram_precision=precision,
-                                                         **options))
+    options = {} if precision is None else dict(precision=precision, gram_precision=precision)
+    fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, **options))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
-    assert hlo.count("__gpu$xla.gpu.triton") == kernels
+    assert hlo.count("__gpu$xla.gpu.triton") == 2
     # Beyond one tile, one product ahead of the kernels forms Q K^T and K K^T, at the precision asked for.
     assert hlo.count("stablehlo.dot_general") == (n > pallas_triton.TILE)
     if n > pallas_triton.TILE:
         dot = next(line for line in hlo.splitlines() if "stablehlo.dot_general" in line)
-        assert ("num_primitive_operations = 3" if precision == "tf32x3" else "[HIGHEST, HIGHEST]") in dot
+        assert ("[HIGHEST, HIGHEST]" if precision == "ieee" else "num_primitive_operations = 3") in dot
     assert "triangular_solve" not in hlo
 
 
@@ -306,19 +286,14 @@ def test_bench_runs_and_writes_json(tmp_path):
 @pytest.mark.parametrize("n", [16, 40])
 def test_bench_sweep_variants_match_reference(seed, n):
     """Every structural variant the GPU bench's `--sweep` times (its keyword sets; the tile-size variants are
-    test_kernel_real_head_dims'), run in interpret mode, equals the reference, or (one_kernel beyond one tile)
-    is refused with the reason."""
+    test_kernel_real_head_dims'), run in interpret mode, equals the reference."""
     from pallas_kernels.tree_delta_rule import bench
     args, _ = make_inputs(seed, Spec(1, n, 4, 16, 16, "tree", key_heads=2))
     ref = reference.tree_delta_rule(*args)
     variants = {k: v for k, v in bench.implementations(True, True).items()
                 if k.startswith("pallas_triton/") and "/dv" not in k}
-    assert {"pallas_triton/gram_tf32x3", "pallas_triton/one_kernel"} <= set(variants)
+    assert "pallas_triton/gram_ieee" in variants
     for name, fn in variants.items():
-        if name == "pallas_triton/one_kernel" and n > pallas_triton.TILE:
-            with pytest.raises(ValueError, match="one_kernel takes a block of one tile"):
-                fn(*args, interpret=True)
-            continue
         assert_matches(fn(*args, interpret=True), ref)
 
 
@@ -369,11 +344,10 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
     assert_matches(fn(*args), jax.jit(reference.tree_delta_rule)(*args))
 
 
-# The opt-in structural variants, compiled, at the real shape: prepare and apply as one kernel for one tile
-# (one_kernel); the Gram products ahead of the kernels in three tf32 passes (gram_precision).
+# The opt-in variants, compiled, at the real shape: the Gram products ahead of the kernels in fp32 FMA dots
+# (gram_precision="ieee"; the default forms them in three tf32 passes).
 GPU_VARIANTS = [(options, n, shape) for options, cases in (
-    ({"one_kernel": True}, [(5, "tree"), (16, "chain"), (16, "tree")]),
-    ({"gram_precision": "tf32x3"}, [(64, "tree"), (65, "chain")])) for n, shape in cases]
+    ({"gram_precision": "ieee"}, [(64, "tree"), (65, "chain")]),) for n, shape in cases]
 
 
 @on_gpu

@@ -13,6 +13,9 @@
 #      shorter, DFlash unchanged (+-0.15). Since session 47 the tree also forms the tree delta rule's Gram products as
 #      one product read in halves (k_tdr_keys_gram.sh's a, ~0.07 ms at DDTree(63)): subtract what that call measured.
 #   3. The engine's lossless GPU test with every kernel on (the tree delta rule's GPU file runs in k_tdr_keys_gram.sh).
+#   Since session 50 the tree also forms that product in three tf32 passes (20.88 -> 20.32 ms at DDTree(63) on one
+#   run each) and samples without a sort (greedy unchanged): the rounds against _base/ mix those in. Run with
+#   ROUNDS="" (the build alone decides, ~3.5 min) unless there is time to spare.
 #   ROUNDS (default "base new") picks the rounds to time: "base" alone when the tree's rounds came from another call
 #   of the same lease (k_tdr_keys_gram.sh PART=rounds), "" for none.
 #   OUT=... bash bench/next/k_build_levels.sh     (writes $OUT/build-levels.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry

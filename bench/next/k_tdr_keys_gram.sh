@@ -29,7 +29,10 @@
 # op bench won.
 # Session 49 ran PART=ops (bench/results/2026-12-05-h200-s49/call1-tdr-ops/: a's tests passed; device us a layer at
 # N = 16 / 64 / 65: default 19.2 / 47.6 / 57.5, b 19.3 / 46.2 / 57.3, c 20.0 / 46.6 / 58.9, d 18.1 at 16, split_m
-# 22.3 / 51.7 / 59.0) and removed c and split_m; PART=rounds (b and d only) is still to run.
+# 22.3 / 51.7 / 59.0) and removed c and split_m. Session 50 ran PART=rounds (bench/results/2026-12-05-h200-s50/
+# call2-tdr-rounds/: DFlash / DDTree(63) tree 17.39 / 20.88, b 17.38 / 20.32, d 17.38 / 20.58 ms), made b the default
+# and removed d; the copies' sed targets are gone since, so this script is the record of those calls
+# (bench/next/k_gram_repeat.sh repeats b against the fp32 product).
 #   PART=ops|rounds OUT=... bash bench/next/k_tdr_keys_gram.sh    (writes $OUT/tdr-$PART.tgz; CONFIG=tiny
 #   JAX_PLATFORMS=cpu PART=rounds is the dry run: the op bench and the GPU tests need the GPU)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}

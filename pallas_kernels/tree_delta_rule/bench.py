@@ -34,8 +34,7 @@ def implementations(sweep: bool, on_gpu: bool):
         # where the Gram tiles are formed (default: inside prepare for one tile), and the opt-ins
         impls["pallas_triton/gram_outside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=False)
         impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
-        impls["pallas_triton/gram_tf32x3"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="tf32x3")
-        impls["pallas_triton/one_kernel"] = functools.partial(pallas_triton.tree_delta_rule, one_kernel=True)
+        impls["pallas_triton/gram_ieee"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="ieee")
         for precision in sorted(pallas_triton.PRECISIONS):
             for block_dv in (32, 64, 128):
                 for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):

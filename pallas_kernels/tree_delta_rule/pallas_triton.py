@@ -21,9 +21,12 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   N = 64 / 65, bench/results/2026-12-04-h200-s44/tdr-gram/), and was removed. XLA already merged the two into
   one product, [Q; K] K^T, then sliced its output in two (1.4 us a layer at N = 64 in session 46's round); the
   product is now written that way and both kernels read their half of it through their index maps. In fp32
-  (`gram_precision="ieee"`) XLA ran it as 8.5 us of FMA tiles; "tf32x3" (three tf32 tensor-core passes, opt-in)
-  took the op from 19.2 / 47.6 / 57.5 to 19.3 / 46.2 / 57.3 us a layer at N = 16 / 64 / 65 on the H200
-  (bench/results/2026-12-05-h200-s49/call1-tdr-ops/); its rounds are not timed yet.
+  (`gram_precision="ieee"`) XLA ran it as 8.5 us of FMA tiles. It is formed in three tf32 tensor-core passes
+  ("tf32x3", the default since session 50; relative error against the fp32 product's output 2-4e-7): on the
+  H200 the op went from 47.6 / 57.5 to 46.2 / 57.3 us a layer at N = 64 / 65
+  (bench/results/2026-12-05-h200-s49/call1-tdr-ops/), and the DDTree(63) round at 1K from 20.88 to 20.32 ms,
+  the DFlash round unchanged (17.39 / 17.38; one run each in one lease, where identical code spread over
+  0.39 ms in DDTree(63): bench/results/2026-12-05-h200-s50/).
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
   substitution, the diagonal tiles' inverses by recursive doubling of their diagonal blocks (six [T, T] dots
@@ -43,12 +46,9 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   kernel of its own, a program per tile of rows (22.3 / 51.7 / 59.0; no gain in session 43 either), and
   `split_keys`, W = Tb E K and U = E Q - M E K in a kernel of their own, a program per tile of rows and key chunk
   (20.0 / 46.6 / 58.9 with chunks of 32, 20.5 / 53.0 / 67.3 with 64): at most 1 us a layer, 0.05 ms a round, where
-  keeping it needed 0.15.
-* `_one_tile_kernel` (opt-in, `one_kernel`): for a block of one tile, prepare and apply in one kernel, each
-  program (batch row, value head, value slice) solving its head's tile itself and keeping Tb, M and G in
-  registers. In session 46's DFlash round the two kernels took 8.1 + 6.8 us a layer, one after the other. In
-  the op bench it took N = 16 from 19.2 to 18.1 us a layer (session 49); its rounds are not timed yet. `_solve`
-  and `_apply` serve both this kernel and the two it would replace.
+  keeping it needed 0.15. And `one_kernel`, prepare and apply as one kernel for a block of one tile, each
+  program solving its head's tile itself: 18.1 against 19.2 us a layer at N = 16 in the op bench, but the
+  DFlash round at 1K was 17.38 against 17.39 ms (session 50, bench/results/2026-12-05-h200-s50/).
 
 Every value a program computes and reads again stays in its registers; anything read across tiles
 goes through the next kernel (reading back a program's own writes would need a barrier between its
@@ -250,29 +250,14 @@ def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delt
            key_chunk=key_chunk)
 
 
-def _one_tile_kernel(q_ref, k_ref, g_ref, beta_ref, anc_ref, v_ref, s0_ref, o_ref, delta_ref, G_ref, *, n,
-                     precision, key_chunk):
-    """The whole rule for a block of one tile (`one_kernel`: a program per batch row, value head and slice of
-    the value dim): `_solve` with the Gram dots inside, its tiles kept in registers, then `_apply`. Programs of
-    one head solve the same tile each (a few dots) instead of waiting for a prepare kernel."""
-    kk_at, qk_at, _ = _gram_getters((q_ref, k_ref), True, precision)
-    got = {}
-    _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, lambda name, i, j, tile: got.__setitem__(name, tile), n=n,
-           precision=precision)
-    G_ref[...] = got["G"]                      # every value slice writes the same G
-    tiles = (lambda t: got["G"], lambda i, j: got["Tb"], lambda i, j: got["M"])
-    key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
-    _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, 0, precision=precision, key_chunk=key_chunk)
-
-
 def _pow2_at_least_16(d):
     return max(16, pl.next_power_of_2(d))
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "gram_precision", "one_kernel"))
+                                             "gram_inside", "gram_precision"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, gram_precision="ieee", one_kernel=False):
+                    precision="ieee", gram_inside=None, gram_precision="tf32x3"):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -283,11 +268,8 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
     fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
-    gram_precision: "ieee" or "tf32x3" for those products ahead of the kernels (XLA's, not the kernels' dots).
-    one_kernel: for a block of one tile (a DFlash block of 16), prepare and apply as one kernel,
-    `_one_tile_kernel`, a program per value slice solving its head's tile itself (no launch and no Tb / M
-    round trip between them); with the Gram dots inside, M formed, W and U in the program. None: wherever it
-    applies.
+    gram_precision: "tf32x3" (default) or "ieee" for those products ahead of the kernels (XLA's, not the
+    kernels' dots).
     """
     b, n, h, dv = v.shape
     dk = q.shape[3]
@@ -299,11 +281,6 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     nt = pl.cdiv(n, TILE)
     n_pad = nt * TILE
     gram_inside = nt == 1 if gram_inside is None else gram_inside
-    if one_kernel is None:
-        one_kernel = nt == 1 and gram_inside
-    if one_kernel and (nt > 1 or not gram_inside):
-        raise ValueError(f"tree_delta_rule: one_kernel takes a block of one tile ({TILE} nodes) with the Gram dots "
-                         f"inside; got {n} nodes, gram_inside={gram_inside}")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -322,26 +299,6 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     s0 = pad(s0, [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     params = pltriton.CompilerParams(num_warps=num_warps)
-
-    if one_kernel:
-        # grid: batch, value head, slice of the value dim
-        o, delta, G = pl.pallas_call(
-            functools.partial(_one_tile_kernel, n=n, precision=prec, key_chunk=key_chunk),
-            out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),) * 2
-            + (jax.ShapeDtypeStruct((b, n_pad, h), f32),),
-            grid=(b, h, dvp // block_dv),
-            in_specs=[pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci: (bi, 0, hi // rep, 0))] * 2
-            + [pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci: (bi, 0, hi))] * 2
-            + [pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi, ci: (bi, 0, 0)),
-               pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci: (bi, 0, hi, ci)),
-               pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci: (bi, hi, 0, ci))],
-            out_specs=[pl.BlockSpec((None, n_pad, None, block_dv), lambda bi, hi, ci: (bi, 0, hi, ci))] * 2
-            + [pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci: (bi, 0, hi))],
-            compiler_params=params,
-            interpret=interpret,
-            name="tree_delta_rule_one_tile",
-        )(q, k, g, beta, anc, v, s0)
-        return o[:, :n, :, :dv], delta[:, :n, :, :dv], G[:, :n]
 
     # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
     # beta and G are strided columns of [B, N, H].
