@@ -128,23 +128,18 @@ def _unit_lower_inverse(a, precision):
     return inv
 
 
-def _gram_getters(refs, gram_inside, precision):
-    """(kk_at, qk_at, the refs left): the Gram tiles K_i K_j^T and Q_i K_j^T as dots of the program's own Q and K
-    rows (`gram_inside`) or read from the products made ahead of the kernel."""
+def _prepare_kernel(*refs, n, precision, gram_inside):
+    """Per (batch row, value head): G = anc g, then Tb and M tile by tile, each tile written out as soon as it is
+    known. With `gram_inside` (blocks of one tile: a DFlash block of 16) the Gram tiles K_i K_j^T and Q_i K_j^T
+    are dots of this program's own Q and K rows; else they are read from the product made ahead of the kernel."""
     dot = functools.partial(_dot, precision=precision)
     if gram_inside:
-        q_ref, k_ref, *refs = refs
+        q_ref, k_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
         kk_at = lambda ri, rj: dot(k_ref[ri, :], k_ref[rj, :], trans_b=True)
         qk_at = lambda ri, rj: dot(q_ref[ri, :], k_ref[rj, :], trans_b=True)
-        return kk_at, qk_at, refs
-    kk_ref, qk_ref, *refs = refs
-    return (lambda ri, rj: kk_ref[ri, rj]), (lambda ri, rj: qk_ref[ri, rj]), refs
-
-
-def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision):
-    """G, then Tb and M tile by tile, each handed to put(name, i, j, tile) as soon as it is known
-    (G's tiles with j = None)."""
-    dot = functools.partial(_dot, precision=precision)
+    else:
+        kk_ref, qk_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
+        kk_at, qk_at = (lambda ri, rj: kk_ref[ri, rj]), (lambda ri, rj: qk_ref[ri, rj])
     r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
     c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
     rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
@@ -152,7 +147,7 @@ def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision):
     G = []
     for i, ri in enumerate(rows):
         G.append(sum(jnp.sum(anc_ref[ri, rj] * g_ref[rj][None, :], axis=1) for rj in rows[:i + 1]))
-        put("G", i, None, G[i])
+        G_ref[ri] = G[i]
     Tb = {}
     for i, ri in enumerate(rows):
         beta_i = beta_ref[ri]
@@ -166,72 +161,49 @@ def _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, *, n, precision):
         inv_ii = _unit_lower_inverse(A[i], precision)
         for j in range(i):
             Tb[i, j] = -dot(inv_ii, sum(dot(A[l], Tb[l, j]) for l in range(j, i)))
-            put("Tb", i, j, Tb[i, j])
+            tb_ref[ri, rows[j]] = Tb[i, j]
         Tb[i, i] = inv_ii * beta_i[None, :]
-        put("Tb", i, i, Tb[i, i])
+        tb_ref[ri, ri] = Tb[i, i]
         for j in range(i + 1):
-            put("M", i, j, sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1)))
-
-
-def _prepare_kernel(*refs, n, precision, gram_inside):
-    """Per (batch row, value head): `_solve`, its tiles written out. With `gram_inside` (blocks of one tile: a
-    DFlash block of 16) the Gram tiles are dots of this program's own Q and K rows; else they are read from the
-    products made ahead of the kernel."""
-    kk_at, qk_at, refs = _gram_getters(refs, gram_inside, precision)
-    g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
-    out = {"Tb": tb_ref, "M": m_ref}
-
-    def put(name, i, j, tile):
-        if name == "G":
-            G_ref[_row_tile(i)] = tile
-        else:
-            out[name][_row_tile(i), _row_tile(j)] = tile
-
-    _solve(kk_at, qk_at, g_ref, beta_ref, anc_ref, put, n=n, precision=precision)
+            m_ref[ri, rows[j]] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
 
 
 def _row_tile(t):
-    """Rows t*T .. t*T + T-1 (t a traced tile index, or a Python int, which needs no alignment hint)."""
-    return pl.ds(t * TILE if isinstance(t, int) else pl.multiple_of(t * TILE, TILE), TILE)
+    """Rows t*T .. t*T + T-1 (t a traced tile index)."""
+    return pl.ds(pl.multiple_of(t * TILE, TILE), TILE)
 
 
-def _tiles_in(G_ref, tb_ref, m_ref):
-    """G's, Tb's and M's tiles read from the refs prepare wrote: (G_at(t), tb_at(i, j), m_at(i, j))."""
-    return (lambda t: G_ref[_row_tile(t)], lambda i, j: tb_ref[_row_tile(i), _row_tile(j)],
-            lambda i, j: m_ref[_row_tile(i), _row_tile(j)])
+def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
+    """For tile i of rows (a program per batch row, value head, slice of the value dim and row tile), with Tb, M
+    and G read from prepare's outputs:
 
+        Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),    O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0)
 
-def _key_products(q_ref, k_ref, tiles, i, cs, precision):
-    """W_i = sum_{j<=i} Tb_ij e^G_j K_j  and  U_i = e^G_i Q_i - sum_{j<=i} M_ij e^G_j K_j  on the key dims cs
-    ([T, key chunk] each): the key-side factors of Delta_i = Tb_i V - W_i S0 and O_i = U_i S0 + M_i V."""
+    with the sums over j taken before the product with S0, so that each program multiplies S0 twice, not twice
+    per tile j: a key chunk cs at a time, W_i = sum_{j<=i} Tb_ij e^G_j K_j and U_i = e^G_i Q_i - sum_{j<=i} M_ij
+    e^G_j K_j ([T, key chunk] each), then Delta_i = Tb_i V - W_i S0 and O_i = U_i S0 + M_i V."""
     dot = functools.partial(_dot, precision=precision)
-    G_at, tb_at, m_at = tiles
-
-    def node_tile(j, wm):
-        ek = jnp.exp(G_at(j))[:, None] * k_ref[_row_tile(j), cs]
-        return wm[0] + dot(tb_at(i, j), ek), wm[1] + dot(m_at(i, j), ek)
-
-    zero = jnp.zeros((TILE, cs.size), jnp.float32)
-    w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
-    return w, jnp.exp(G_at(i))[:, None] * q_ref[_row_tile(i), cs] - mek
-
-
-def _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, i, *, precision, key_chunk):
-    """Delta_i = sum_j Tb_ij (V_j - e^G_j K_j S0),  O_i = e^G_i Q_i S0 + sum_j M_ij (V_j - e^G_j K_j S0),
-    with the sums over j taken before the product with S0 (W and U of `_key_products`, tile x key chunk,
-    from key_side(i, cs)), so that each program multiplies S0 twice, not twice per tile j."""
-    dot = functools.partial(_dot, precision=precision)
-    _, tb_at, m_at = tiles
+    i = pl.program_id(3)
+    G_at = lambda t: G_ref[_row_tile(t)]
+    tb_at = lambda j: tb_ref[_row_tile(i), _row_tile(j)]
+    m_at = lambda j: m_ref[_row_tile(i), _row_tile(j)]
 
     def key_chunk_step(c, acc):
         cs = pl.ds(pl.multiple_of(c * key_chunk, key_chunk), key_chunk)
-        w, u = key_side(i, cs)
+
+        def node_tile(j, wm):
+            ek = jnp.exp(G_at(j))[:, None] * k_ref[_row_tile(j), cs]
+            return wm[0] + dot(tb_at(j), ek), wm[1] + dot(m_at(j), ek)
+
+        zero = jnp.zeros((TILE, cs.size), jnp.float32)
+        w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
+        u = jnp.exp(G_at(i))[:, None] * q_ref[_row_tile(i), cs] - mek
         s0 = s0_ref[cs, :]
         return acc[0] - dot(w, s0), acc[1] + dot(u, s0)
 
     def value_step(j, acc):
         v_j = v_ref[_row_tile(j), :]
-        return acc[0] + dot(tb_at(i, j), v_j), acc[1] + dot(m_at(i, j), v_j)
+        return acc[0] + dot(tb_at(j), v_j), acc[1] + dot(m_at(j), v_j)
 
     zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
     acc = lax.fori_loop(0, s0_ref.shape[0] // key_chunk, key_chunk_step, (zero, zero))
@@ -239,15 +211,6 @@ def _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, i, *, precision, ke
     ri = _row_tile(i)
     delta_ref[ri, :] = delta
     o_ref[ri, :] = o
-
-
-def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
-    """`_apply` for one tile of rows (a program per batch row, value head, slice of the value dim and row tile),
-    with Tb, M and G read from prepare's outputs; each program forms its W and U a key chunk at a time."""
-    tiles = _tiles_in(G_ref, tb_ref, m_ref)
-    key_side = lambda i, cs: _key_products(q_ref, k_ref, tiles, i, cs, precision)
-    _apply(key_side, tiles, v_ref, s0_ref, o_ref, delta_ref, pl.program_id(3), precision=precision,
-           key_chunk=key_chunk)
 
 
 def _pow2_at_least_16(d):
@@ -261,7 +224,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
-    interpret: run the kernel bodies on the CPU (tests). block_dv: value columns per `_apply` program
+    interpret: run the kernel bodies on the CPU (tests). block_dv: value columns per `_apply_kernel` program
     (default: 64 up to 32 nodes, else 128; the H200 sweep of 2026-11-30 timed 11.9 against 14.7 us a layer
     at N = 16, 39.8 against 30.7 at N = 65, bench/results/2026-11-30-h200-s10-xla-flags-tdr-sweep);
     key_chunk: key dims per partial dot (both powers of two >= 16, clipped to the padded head dims).
