@@ -18,13 +18,18 @@
 # Needs `_base48/` (the base tree with this session's bench.rounds, which has --sampling; untracked, so it travels):
 #   mkdir _base48 && git archive 9b0daea jaxspec pallas_kernels bench convert pyproject.toml ':!jaxspec/demo' \
 #     ':!bench/results' ':!bench/next' | tar x -C _base48 && cp bench/rounds.py _base48/bench/
-#   OUT=... SETTINGS="0 0.6,20,0.95" bash bench/next/k_sampled_rounds.sh (then tests/test_sampling.py on the GPU, ~1 min;
-#   NO_TESTS=1 skips it), then NO_TESTS=1 WAYS2=1 SETTINGS=0.7,0,0.9 in a second call (~5 min)
-#   (each run ~100 s at the real shape; writes $OUT/sampled-rounds.tgz; CONFIG=tiny JAX_PLATFORMS=cpu: a dry run, ~4 min)
+#   OUT=... SETTINGS="0 0.6,20,0.95" bash bench/next/k_sampled_rounds.sh (then tests/test_sampling.py on the
+#   GPU, ~1 min; NO_TESTS=1 skips it), then NO_TESTS=1 WAYS2=1 SETTINGS=0.7,0,0.9 in a second call (~5 min)
+#   (each run ~100 s at the real shape; writes $OUT/sampled-rounds.tgz; CONFIG=tiny JAX_PLATFORMS=cpu: a dry run,
+#   ~4 min)
+# Session 50 ran NO_TESTS=1 SETTINGS="0 0.6,20,0.95" (bench/results/2026-12-05-h200-s50/call1-sampled-rounds/:
+# sampled DFlash 20.71 -> 17.54, DDTree(63) 25.87 -> 20.78, AR loop 13.58 -> 13.43 ms);
+# SETTINGS=0.7,0,0.9 is still to run.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
 CONFIG=${CONFIG:-real}
-grep -q -- "--sampling" _base48/bench/rounds.py 2>/dev/null || { echo "no _base48/ with --sampling: see the header"; exit 2; }
+grep -q -- "--sampling" _base48/bench/rounds.py 2>/dev/null || {
+  echo "no _base48/ with --sampling: see the header"; exit 2; }
 W=${W:-$(mktemp -d)}; mkdir -p $W   # W=$OUT/...: the logs land where a cut-off call still returns them
 START=$SECONDS
 trap 'tar czf $OUT/sampled-rounds.tgz -C $W .' EXIT
