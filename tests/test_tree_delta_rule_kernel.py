@@ -346,8 +346,7 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
 
 # The opt-in variants, compiled, at the real shape: the Gram products ahead of the kernels in fp32 FMA dots
 # (gram_precision="ieee"; the default forms them in three tf32 passes).
-GPU_VARIANTS = [(options, n, shape) for options, cases in (
-    ({"gram_precision": "ieee"}, [(64, "tree"), (65, "chain")]),) for n, shape in cases]
+GPU_VARIANTS = [({"gram_precision": "ieee"}, 64, "tree"), ({"gram_precision": "ieee"}, 65, "chain")]
 
 
 @on_gpu

@@ -3,7 +3,7 @@
 # three tf32 passes, the default since session 50 on one run each (DDTree(63) round 20.32 against 20.88 ms with fp32
 # FMA tiles, DFlash 17.38 against 17.39; identical code spread 0.39 ms in DDTree(63) in that lease:
 # bench/results/2026-12-05-h200-s50/).
-#   PART=tests: the tree delta rule's GPU file (33 tests; tf32x3 is now what the default ones run) and the engine's
+#   PART=tests: the tree delta rule's GPU file (28 tests; tf32x3 is now what the default ones run) and the engine's
 #     lossless GPU test with every kernel on. If either fails: `gram_precision="ieee"` back as the default.
 #   PART=rounds: DDTree(63) rounds at 1K, alternating ieee / tree / ieee / tree (`_alt_ieee/`: the tree with the
 #     fp32 Gram product as the default). Each run times the AR and drafter steps first and needs ~90 s at the real
