@@ -12,7 +12,7 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
     Tb = (I + A)^-1 B      M = P Tb      Delta = Tb V - (Tb E K) S0      O = (E Q - M E K) S0 + M V
 
 * The Gram matrices K K^T and Q K^T per key head: for blocks of more than one tile, batched XLA products
-  (fp32) ahead of the kernels. In the kernel they cost a serial chain of K and Q loads and
+  ahead of the kernels. In the kernel they cost a serial chain of K and Q loads and
   FMA dots: at the real shape and N = 65 the prepare kernel took 101 us a layer that way (4.87 ms of a
   25.6 ms verify(65), bench/results/2026-11-30-h200-verify-profile). For a block of one tile (a DFlash
   block of 16) they are one small dot each inside `_prepare_kernel`, which saves the products' launches.
@@ -22,7 +22,7 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   one product, [Q; K] K^T, then sliced its output in two (1.4 us a layer at N = 64 in session 46's round); the
   product is now written that way and both kernels read their half of it through their index maps. In fp32
   (`gram_precision="ieee"`) XLA ran it as 8.5 us of FMA tiles. It is formed in three tf32 tensor-core passes
-  ("tf32x3", the default since session 50; relative error against the fp32 product's output 2-4e-7): on the
+  ("tf32x3", the default since session 50; the op's outputs differ from the fp32 product's by 2-4e-7, relative): on the
   H200 the op went from 47.6 / 57.5 to 46.2 / 57.3 us a layer at N = 64 / 65
   (bench/results/2026-12-05-h200-s49/call1-tdr-ops/), and the DDTree(63) round at 1K from 20.88 to 20.32 ms,
   the DFlash round unchanged (17.39 / 17.38; one run each in one lease, where identical code spread over
@@ -276,8 +276,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         gram_args, gram_specs = (q, k), [key_rows, key_rows]
     else:
         # The Gram matrices Q K^T and K K^T per key head as one batched XLA product ahead of the kernel, [Q; K] K^T
-        # (fp32), so that its serial chain of tiles loads one [T, T] tile per product instead of streaming K and Q
-        # through its own FMA dots. The kernels read both halves of the one array (no slices in between).
+        # (fp32 out, by default from three tf32 passes), so that its serial chain of tiles loads one [T, T] tile per
+        # product instead of streaming K and Q through its own FMA dots. The kernels read both halves of the one
+        # array (no slices in between).
         grams = jnp.einsum("bnhk,bmhk->bhnm", jnp.concatenate([q, k], 1), k,
                            precision=lax.Precision.HIGHEST if interpret else PRECISIONS[gram_precision])
         gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
