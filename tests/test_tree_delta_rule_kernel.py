@@ -64,6 +64,13 @@ def test_kernel_gram_either_side(seed, n, gram_inside):
     assert_matches(interpret(*args, gram_inside=gram_inside), reference.tree_delta_rule(*args))
 
 
+@pytest.mark.parametrize("option", ["precision", "gram_precision"])
+def test_kernel_refuses_unknown_precision(seed, option):
+    args, _ = make_inputs(seed, Spec(1, 20, 2, 16, 16, "tree"))
+    with pytest.raises(ValueError, match=f"{option}='bf16'; expected one of ieee, tf32x3"):
+        interpret(*args, **{option: "bf16"})
+
+
 def test_grouped_heads_equal_repeated_heads(seed):
     """Key heads serving several value heads are the same rule as the keys repeated per value head
     (value head h reads key head h // rep), in every implementation; shapes that do not group are refused."""

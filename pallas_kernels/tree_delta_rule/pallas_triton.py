@@ -77,7 +77,7 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.tree_delta_rule import reference
 
 TILE = 16       # rows per tile: Triton's dot wants M, N, K >= 16
-MAX_N = 128     # _prepare unrolls (N/16)^2 / 2 tile pairs; larger trees go to the xla solver
+MAX_N = 128     # _prepare_kernel unrolls (N/16)^2 / 2 tile pairs; larger trees go to the xla solver
 
 PRECISIONS = {
     # fp32 FMA dots: the reference's own arithmetic.
@@ -229,7 +229,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     at N = 16, 39.8 against 30.7 at N = 65, bench/results/2026-11-30-h200-s10-xla-flags-tdr-sweep);
     key_chunk: key dims per partial dot (both powers of two >= 16, clipped to the padded head dims).
     precision: "ieee" or "tf32x3" for the compiled dots; interpret mode always computes them in exact
-    fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare` (default: for a
+    fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare_kernel` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
     gram_precision: "tf32x3" (default) or "ieee" for those products ahead of the kernels (XLA's, not the
     kernels' dots).
@@ -239,6 +239,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     rep = reference.heads_per_key(q, k, v)
     if not supports(n):
         raise ValueError(f"tree_delta_rule kernel takes 1..{MAX_N} nodes, got {n}")
+    for name, value in (("precision", precision), ("gram_precision", gram_precision)):
+        if value not in PRECISIONS:
+            raise ValueError(f"tree_delta_rule: {name}={value!r}; expected one of {', '.join(PRECISIONS)}")
     f32 = jnp.float32
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     nt = pl.cdiv(n, TILE)
