@@ -136,7 +136,7 @@ def test_dispatch(monkeypatch, seed):
                                   api.target_choice(key, x, 0.8, implementation="xla"))
     # "reference" draws as jaxspec's other samplers do (reference.categorical)
     np.testing.assert_array_equal(api.target_choice(key, x, 0.8, implementation="reference"),
-                                  reference.categorical(key, jax.nn.log_softmax(x / 0.8, -1)))
+                                  reference.categorical(key, x / 0.8))
 
 
 def test_choose_goes_through_the_op(seed, monkeypatch):

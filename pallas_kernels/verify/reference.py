@@ -23,8 +23,7 @@ def target_choice(key, logits, temperature: float):
     """[...] int32: argmax (temperature 0) or one independent sample per row."""
     if temperature == 0.0:
         return jnp.argmax(logits, -1).astype(jnp.int32)
-    x = logits.astype(jnp.float32) / temperature
-    return categorical(key, jax.nn.log_softmax(x, -1))
+    return categorical(key, logits.astype(jnp.float32) / temperature)   # Gumbel-max needs no normalising
 
 
 def categorical(key, logits):
