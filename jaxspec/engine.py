@@ -346,8 +346,10 @@ class Engine:
         """Generate up to `max_new_tokens` per prompt; `on_tokens` receives the new tokens of each
         sequence after every segment of `rounds_per_call` rounds. `max_len` (the cache's slots) defaults to what
         the call needs, rounded up (`default_max_len`) so that prompts of nearby lengths share one compile."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        for name, value in (("max_new_tokens", max_new_tokens), ("max_len", max_len),
+                            ("rounds_per_call", rounds_per_call)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         need = max(len(p) for p in prompts) + max_new_tokens + self.spec.tree_size
         max_len = max_len or default_max_len(need)
         if need > max_len:

@@ -79,15 +79,19 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jaxspec.generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="Hugging Face Qwen3.5/3.6 directory (config.json + safetensors) or a "
-                   "directory written by `python -m convert target`. Default: a tiny random-weight model.")
+                   "directory written by `python -m convert target`. Default: the demo pair (target and drafter, "
+                   f"jaxspec/demo or ${DEMO_ENV}); where it is missing, a tiny random-weight model")
     p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text (default: %(default)r)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--no-thinking", action="store_true", help="with --chat: close the <think> block empty")
+    p.add_argument("--no-thinking", action="store_true", help="with --chat: close the <think> block empty "
+                   "(refused without --chat)")
     p.add_argument("--method", choices=METHODS, default=None,
                    help="decoding method (default: ar; without --model, the demo pair runs ar and ddtree and "
                         "compares them)")
-    p.add_argument("--draft", help="DFlash drafter: its Hugging Face directory (config.json + model.safetensors) or one written by "
-                   "`python -m convert drafter`; for --method dflash")
+    p.add_argument("--draft", help="DFlash drafter, for --method dflash or ddtree: its Hugging Face directory "
+                   "(config.json + model.safetensors, or shards with model.safetensors.index.json) or one written "
+                   "by `python -m convert drafter`. Default: the demo pair's drafter when no --model is given; "
+                   "required otherwise")
     p.add_argument("--block-size", type=int, default=None,
                    help="DFlash/DDTree block size: the anchor plus block_size - 1 drafted depths "
                         f"(default: the drafter's on a GPU; at most {CPU_BLOCK} on a CPU)")
@@ -99,12 +103,15 @@ def parser() -> argparse.ArgumentParser:
                    help=f"MTP: tokens the checkpoint's own MTP head drafts per round (default: {MTP_TOKENS})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
-                   help="context length to allocate (default: prompt + max-new-tokens + tree size, rounded up to at "
-                        "most 1/8 more)")
+                   help="context length to allocate, >= prompt + max-new-tokens + tree size (default: that sum, "
+                        "rounded up to at most 1/8 more)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=0,
+                   help="with --temperature > 0: keep the k most likely tokens (default: 0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="with --temperature > 0: nucleus sampling mass (default: 1.0 = off)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sampling noise (and of the tiny random model's weights) (default: %(default)s)")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
                    help="parameter/activation dtype (default: the checkpoint's; float32 for the tiny model)")
     p.add_argument("--draft-dtype", choices=("bfloat16", "float32", "float16"), default=None,
@@ -128,6 +135,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line; Ctrl-C ends it with "interrupted" and status 130, not a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv) -> int:
     args = parser().parse_args(argv)
     demo = args.model is None and demo_available()
     compare = demo and args.method is None
@@ -139,8 +155,14 @@ def main(argv=None) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         parser().error(str(e))
-    if args.max_new_tokens < 1:
-        parser().error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature == 0.0 and (args.top_k or args.top_p != 1.0):
+        parser().error("--top-k/--top-p only apply when sampling (--temperature > 0); greedy takes the argmax")
+    if args.no_thinking and not args.chat:
+        parser().error("--no-thinking only applies with --chat")
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-len", args.max_len),
+                        ("--rounds-per-call", args.rounds_per_call)):
+        if value is not None and value < 1:
+            parser().error(f"{flag} must be >= 1, got {value}")
     if args.repeats is not None and args.repeats < 1:
         parser().error(f"--repeats must be >= 1, got {args.repeats}")
     if args.repeats is not None and not compare:
@@ -213,8 +235,13 @@ def main(argv=None) -> int:
             model = load_model(args.model, dtype=args.dtype, mesh=mesh)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--model {args.model}: {e}")
-    tok = load_tokenizer(args.model)
-    ids = tok.chat(args.prompt, not args.no_thinking) if args.chat else tok.encode(args.prompt)
+    try:
+        tok = load_tokenizer(args.model)
+        ids = tok.chat(args.prompt, not args.no_thinking) if args.chat else tok.encode(args.prompt)
+    except Exception as e:      # transformers' errors vary by file and version; name the directory and the cause
+        where = f"--model {args.model}" if args.model else "the Qwen3.6 tokenizer"
+        parser().error(f"{where}: tokenizer: {e}" if isinstance(e, ValueError) and "--chat" in str(e)
+                       else f"{where}: cannot load or apply its tokenizer: {type(e).__name__}: {e}")
     if not ids:
         parser().error("--prompt encodes to no tokens")
     if max(ids) >= model.cfg.vocab_size:
@@ -276,9 +303,8 @@ def main(argv=None) -> int:
     try:
         res = engine.generate([ids] * args.dp, args.max_new_tokens, max_len=args.max_len, seed=args.seed,
                               rounds_per_call=args.rounds_per_call, on_tokens=show)
-    except ValueError as e:
-        print(f"\nerror: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, jax.errors.JaxRuntimeError) as e:
+        return _decode_error(e)
     sys.stdout.write(tok.decode(emitted)[len(printed):] + "\n")
     n = res.n_tokens
     print(f"[{n} tokens in {res.decode_s:.2f}s decode ({n / max(res.decode_s, 1e-9):.1f} tok/s, includes "
@@ -288,6 +314,22 @@ def main(argv=None) -> int:
         hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(res.hist) if k and c)
         print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
     return 0
+
+
+def _decode_error(e) -> int:
+    """Status 2 with one line for an error while decoding: a bad request (ValueError) or the device out of
+    memory for the cache (--max-len); any other runtime error is raised."""
+    import jax
+    if isinstance(e, jax.errors.JaxRuntimeError):
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise e
+        first = str(e).strip().splitlines()[0]
+        print(f"\nerror: out of device memory ({first}); the KV cache and GDN state grow with --max-len, the "
+              "batch (--dp) and the dtype: lower --max-len or --max-new-tokens, or shard over more devices (--tp)",
+              file=sys.stderr)
+    else:
+        print(f"\nerror: {e}", file=sys.stderr)
+    return 2
 
 
 def same_tokens(same: bool, greedy: bool, dtype: str) -> str:
@@ -316,6 +358,8 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     """The demo: AR and DDTree on the same prompt, each compiled first, then timed `--repeats` times in turn
     (AR, DDTree, AR, ...) so that both meet the same load on the host; the DDTree text, tau and the speedup
     of the median runs."""
+    import jax
+
     from jaxspec.engine import Engine
     engines, timed = {}, {}
     kw = dict(max_len=args.max_len, seed=args.seed)
@@ -328,9 +372,8 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
         for _ in range(args.repeats):
             for name, (engine, _) in engines.items():
                 timed.setdefault(name, []).append(engine.generate([ids], args.max_new_tokens, **kw))
-    except ValueError as e:
-        print(f"\nerror: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, jax.errors.JaxRuntimeError) as e:
+        return _decode_error(e)
     median = lambda rs: sorted(rs, key=lambda r: r.decode_s)[len(rs) // 2]
     runs = {name: (median(timed[name]), compile_s) for name, (_, compile_s) in engines.items()}
     of = f" (median of {args.repeats} runs)" if args.repeats > 1 else ""

@@ -28,7 +28,7 @@ def _hf(model_dir: Path) -> Tokenizer:
 
     def chat(prompt, thinking):
         if not tok.chat_template:
-            raise ValueError(f"{model_dir}: --chat needs a chat template, and this tokenizer has none")
+            raise ValueError("--chat needs a chat template, and this tokenizer has none")
         msgs = [{"role": "user", "content": prompt}]
         return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, enable_thinking=thinking,
                                        return_dict=False)

@@ -203,6 +203,9 @@ def test_bad_lengths(tiny):
         engine.generate([[1] * 50], 20, max_len=60)
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate([[1, 2]], 0)
+    for kw in ({"max_len": 0}, {"max_len": -5}, {"rounds_per_call": 0}):   # 0 rounds a call looped forever
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} must be >= 1"):
+            engine.generate([[1, 2]], 4, **kw)
     with pytest.raises(ValueError, match="at least one token"):
         engine.generate([[1], []], 4)
 

@@ -162,9 +162,43 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--method", "ddtree"], "--draft"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--method", "ar", "--repeats", "2"], "--repeats only applies"),
+    (["--rounds-per-call", "0"], "--rounds-per-call must be >= 1"),   # 0 rounds a call never finished
+    (["--max-len", "-5"], "--max-len must be >= 1"),
+    (["--max-len", "0"], "--max-len must be >= 1"),                  # was taken as the default
+    (["--top-k", "20"], "only apply when sampling"),
+    (["--top-p", "0.9"], "only apply when sampling"),
+    (["--no-thinking"], "--no-thinking only applies with --chat"),
 ])
 def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))   # the demo pair supplies --draft
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_tokenizer_errors_name_the_model(dirs, tmp_path, capsys):
+    target, _ = dirs
+    model = with_small_tokenizer(target, tmp_path / "m")
+    with pytest.raises(SystemExit) as e:        # this tokenizer has no chat template
+        main(["--model", str(model), "--chat", "--max-new-tokens", "2"])
+    assert e.value.code == 2 and f"--model {model}: tokenizer: --chat needs a chat template" in capsys.readouterr().err
+    (model / "tokenizer.json").write_text("{not json")
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(model), "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--model {model}: cannot load or apply its tokenizer" in err, err
+
+
+def test_interrupt_and_out_of_memory_end_with_one_line(monkeypatch, capsys):
+    import jaxspec.generate as cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main([]) == 130 and capsys.readouterr().err.strip() == "interrupted"
+    oom = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 38400000000 bytes.\nSECOND LINE")
+    assert cli._decode_error(oom) == 2
+    err = capsys.readouterr().err
+    assert "38400000000 bytes" in err and "--max-len" in err and "SECOND LINE" not in err
+    with pytest.raises(jax.errors.JaxRuntimeError):     # not a memory error: raised as it is
+        cli._decode_error(jax.errors.JaxRuntimeError("INTERNAL: something else"))
