@@ -15,21 +15,23 @@ from convert.target import add_io_arguments, convert_to
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "drafter", help="convert a DFlash drafter",
-        description="Convert a z-lab DFlash drafter checkpoint (config.json + one model.safetensors) into "
-                    "OUT_DIR: config.json and the Flax params under params/ (Orbax). With --target, first "
-                    "check that the drafter fits that target model.")
-    add_io_arguments(p, "HF_DRAFT_DIR", "dir with config.json and model.safetensors")
+        description="Convert a z-lab DFlash drafter checkpoint (config.json + model.safetensors, or shards listed "
+                    "by model.safetensors.index.json) into OUT_DIR: config.json and the Flax params under params/ "
+                    "(Orbax). With --target, first check that the drafter fits that target model; without it, "
+                    "nothing checks the fit until the drafter runs with its target.")
+    add_io_arguments(p, "HF_DRAFT_DIR", "dir with config.json and model.safetensors (or its shards with "
+                                        "model.safetensors.index.json)")
     p.add_argument("--target", metavar="TARGET_DIR",
                    help="the target this drafter will run on (HF or converted dir; only its config.json is "
                         "read): refuse a drafter whose hidden size, vocabulary, tapped layers or mask token "
-                        "do not fit it")
+                        "do not fit it. Without --target no fit check against the target happens")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
     # Imported here so that `--help` does not pay for importing jax.
-    from convert.drafter import load_drafter, save_drafter
+    from convert.drafter import DRAFTER, load_drafter, save_drafter
     from jaxspec.config import ConfigError, load_target_config
     from jaxspec.drafter_config import check_pair, load_drafter_config
 
@@ -45,4 +47,7 @@ def run(args) -> int:
                 raise ConfigError(f"drafter {args.hf_dir} does not fit target {args.target}: {e}") from None
         drafter = load_drafter(args.hf_dir, dtype=args.dtype)
         return save_drafter(drafter, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
-    return convert_to(args, work)
+    protected = {"source checkpoint": args.hf_dir}
+    if args.target is not None:
+        protected["--target"] = args.target
+    return convert_to(args, work, DRAFTER, protected)

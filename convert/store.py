@@ -14,11 +14,15 @@ between them (how the config is read, how the abstract model is built, which fil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
+import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +39,7 @@ from jaxspec.model import Qwen35, fuse_params, split_params
 
 PARAMS = "params"
 META = "jaxspec.json"
+DTYPES = ("float32", "bfloat16", "float16")   # what jaxspec.json's "dtype" may say
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
 
@@ -125,14 +130,13 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
     """Write `model` (a `kind` model converted from the HF dir `src_dir`) to `out_dir`, atomically.
 
     Everything goes into a temporary dir next to `out_dir` that is renamed into place at the end, so
-    `out_dir` is either the complete result or untouched. An existing `out_dir` is replaced only with
-    `overwrite=True`. `extra(tmp_dir)` writes kind-specific files before the params.
+    `out_dir` is either the complete result or untouched; the temporary dir is removed on any failure, Ctrl-C
+    and SIGTERM included, and temporary dirs that a killed save of the same `out_dir` left behind are removed
+    first. `check_out_dir` says which `out_dir` is refused. `extra(tmp_dir)` writes kind-specific files before
+    the params.
     """
     out_dir, src_dir = Path(out_dir).absolute(), Path(src_dir)
-    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
-        raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
-    if out_dir.resolve() == src_dir.resolve():
-        raise CheckpointError(f"{out_dir}: is the source checkpoint dir itself; choose another output dir")
+    check_out_dir(kind, out_dir, {"source checkpoint": src_dir}, overwrite=overwrite)
     config_path = src_dir / "config.json"
     # The copied config.json is all a restore has to rebuild the model from, so it must describe this
     # model. Compared with the config the HF loader builds (for the target that includes the stop tokens
@@ -142,26 +146,132 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
         raise CheckpointError(f"{config_path}: does not describe this model (config {src_cfg} vs model {model.cfg})")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:12]}"
-    try:
-        tmp.mkdir()
-        shutil.copyfile(config_path, tmp / "config.json")
-        for name in kind.files:
-            if (src_dir / name).is_file():
-                shutil.copyfile(src_dir / name, tmp / name)
-        if extra is not None:
-            extra(tmp)
-        if progress:
-            print(f"convert: writing params to {out_dir / PARAMS}", file=sys.stderr, flush=True)
-        _write_params(model, tmp / PARAMS)
-        meta = {"format": kind.format, "version": kind.version, "dtype": model.cfg.dtype,
-                "source": str(src_dir.absolute())}
-        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
-        _replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    for stale in _stale_temp_dirs(out_dir):
+        print(f"convert: removing {stale}, left behind by an interrupted conversion to {out_dir}", file=sys.stderr,
+              flush=True)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out_dir.parent / f".{out_dir.name}{_TMP}{uuid.uuid4().hex[:12]}"
+    with _sigterm_raises() as hold:
+        try:
+            tmp.mkdir()
+            shutil.copyfile(config_path, tmp / "config.json")
+            for name in kind.files:
+                if (src_dir / name).is_file():
+                    shutil.copyfile(src_dir / name, tmp / name)
+            if extra is not None:
+                extra(tmp)
+            if progress:
+                print(f"convert: writing params to {out_dir / PARAMS}", file=sys.stderr, flush=True)
+            _write_params(model, tmp / PARAMS)
+            meta = {"format": kind.format, "version": kind.version, "dtype": model.cfg.dtype,
+                    "source": str(src_dir.absolute())}
+            (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+            with hold():
+                _replace(tmp, out_dir)
+        except BaseException:
+            with hold():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out_dir
+
+
+def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Path], *, overwrite: bool) -> None:
+    """Refuse an `out_dir` that a `kind` save must not write; the CLI calls it before loading anything.
+
+    - `out_dir` is one of the `protected` dirs ({what: dir}: the source checkpoint, the --target dir) or a
+      folder above one: replacing it would delete that dir (CheckpointError).
+    - A path component above `out_dir` is a file, so `out_dir` cannot be created (CheckpointError).
+    - `out_dir` exists and `overwrite` is false (FileExistsError).
+    - With `overwrite`, `out_dir` is replaced only when it is an empty dir or a previous conversion of the same
+      kind (its jaxspec.json names `kind.format`): never a dir of other files, nor another kind's conversion
+      (FileExistsError).
+    """
+    out_dir = Path(out_dir).absolute()
+    # Compared both as written (`..` folded) and with symlinks resolved.
+    spellings = lambda p: {Path(os.path.abspath(p)), Path(p).resolve()}
+    outs = spellings(out_dir)
+    for what, path in protected.items():
+        paths = spellings(path)
+        if outs & paths:
+            raise CheckpointError(f"{out_dir}: is the {what} dir itself; choose another output dir")
+        if any(o in p.parents for o in outs for p in paths):
+            raise CheckpointError(f"{out_dir}: is a folder above the {what} dir {Path(path).absolute()}; replacing "
+                                  "it would delete that dir, choose another output dir")
+    for parent in out_dir.parents:
+        if parent.is_dir():
+            break
+        if parent.exists() or parent.is_symlink():
+            raise CheckpointError(f"{out_dir}: cannot be created: {parent} is not a directory")
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
+    if not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir}: not replaced: it is a file, not a converted checkpoint dir")
+    names = sorted(p.name for p in out_dir.iterdir())
+    if not names:
+        return
+    if META not in names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise FileExistsError(f"{out_dir}: not replaced: it holds files ({shown}) but no {META}, so it is not a "
+                              f"previous conversion; --overwrite replaces only an empty dir or a converted {kind.name} "
+                              "dir")
+    try:
+        found = json.loads((out_dir / META).read_text()).get("format")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise FileExistsError(f"{out_dir}: not replaced: its {META} is unreadable ({type(e).__name__}), so it may "
+                              "not be a previous conversion") from None
+    if found != kind.format:
+        raise FileExistsError(f"{out_dir}: not replaced: it holds format {found!r} ({META}), not a converted "
+                              f"{kind.name} ({kind.format!r}); remove it yourself or choose another output dir")
+
+
+_TMP = ".tmp-"
+_TMP_ID = re.compile(r"[0-9a-f]{12}")
+
+
+def _stale_temp_dirs(out_dir: Path) -> list[Path]:
+    """`.NAME.tmp-XXXXXXXXXXXX` dirs beside `out_dir` (NAME its name): what a save killed without a chance to
+    clean up (SIGKILL, a power cut) left behind."""
+    prefix = f".{out_dir.name}{_TMP}"
+    return sorted(p for p in out_dir.parent.iterdir() if p.name.startswith(prefix)
+                  and _TMP_ID.fullmatch(p.name[len(prefix):]) and p.is_dir() and not p.is_symlink())
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While inside, SIGTERM raises SystemExit(143) (128 + SIGTERM, the status of a process it kills), so that
+    the cleanup of `save` runs instead of the process dying with its temp dir left behind. Yields `hold`: a
+    SIGTERM during a `with hold():` block is raised at its end, so that the renames of `_replace` are never
+    split. Only in the main thread (where Python runs signal handlers) and only where SIGTERM has its default
+    action: a handler the program set, or an ignored SIGTERM, is left alone. The previous handler is restored."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield contextlib.nullcontext
+        return
+    state = {"held": False, "pending": None}
+
+    def handler(signum, frame):
+        if state["held"]:
+            state["pending"] = signum
+        else:
+            raise SystemExit(128 + signum)
+
+    @contextlib.contextmanager
+    def hold():
+        state["held"] = True
+        try:
+            yield
+        finally:
+            state["held"] = False
+        if state["pending"] is not None:
+            raise SystemExit(128 + state["pending"])
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield hold
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # Host memory in flight while saving / restoring: the params are as large as the host RAM of many
@@ -291,6 +401,8 @@ def _read_meta(out_dir: Path, kind: Kind) -> dict:
         raise CheckpointError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
                               f"expected {kind.format!r} version {kind.version} ({out_dir} is not a converted "
                               f"{kind.name} checkpoint)")
+    if meta.get("dtype") not in DTYPES:
+        raise CheckpointError(f"{path}: dtype {meta.get('dtype')!r} is not one of {', '.join(DTYPES)}")
     return meta
 
 

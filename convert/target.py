@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -27,19 +26,23 @@ def add_io_arguments(p, hf_metavar: str, hf_help: str) -> None:
     p.add_argument("hf_dir", metavar=hf_metavar, help=hf_help)
     p.add_argument("out_dir", metavar="OUT_DIR", help="output dir; written atomically")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="parameter dtype (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is an empty dir or an earlier conversion of the same kind "
+                        "(it has jaxspec.json); a dir of other files is never replaced")
 
 
-def convert_to(args, work) -> int:
-    """Run `work()` (load + save, returning the written dir) with the shared CLI behaviour: refuse an
-    existing OUT_DIR before a conversion that can take minutes, report errors without a traceback."""
+def convert_to(args, work, kind, protected: dict) -> int:
+    """Run `work()` (load + save, returning the written dir) with the shared CLI behaviour: refuse an OUT_DIR
+    that the save of a `kind` model would refuse (convert/store.py `check_out_dir`: an existing one without
+    --overwrite, one that is or holds a `protected` dir ({what: dir}), ...) before a conversion that can take
+    minutes, and report errors without a traceback."""
     from convert.hf import CheckpointError
+    from convert.store import check_out_dir
     from jaxspec.config import ConfigError
 
     t0 = time.perf_counter()
     try:
-        if Path(args.out_dir).exists() and not args.overwrite:
-            raise FileExistsError(f"{args.out_dir}: already exists (pass --overwrite to replace it)")
+        check_out_dir(kind, args.out_dir, protected, overwrite=args.overwrite)
         out = work()
     except (CheckpointError, ConfigError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -51,9 +54,9 @@ def convert_to(args, work) -> int:
 def run(args) -> int:
     # Imported here so that `--help` does not pay for importing jax.
     from convert.hf import load_target
-    from convert.store import save_converted
+    from convert.store import TARGET, save_converted
 
     def work():
         model = load_target(args.hf_dir, dtype=args.dtype, progress=True)
         return save_converted(model, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
-    return convert_to(args, work)
+    return convert_to(args, work, TARGET, {"source checkpoint": args.hf_dir})

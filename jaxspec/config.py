@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -102,23 +103,70 @@ class TargetConfig:
 
 
 def load_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object in `path`, or in its config.json when `path` is a dir."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    return read_json_object(path)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file `path`; every way it can fail is a ConfigError naming the file."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a JSON file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def as_int(source: str, key: str, v: Any) -> int:
+    """`v`, the value of field `key` of `source`, as an int: a JSON integer (or a float with an integral value,
+    1e3). Strings ("384") are refused, as transformers refuses them."""
+    if isinstance(v, bool) or not (isinstance(v, int) or isinstance(v, float) and v.is_integer()):
+        raise ConfigError(f"{source}: field {key!r} must be an integer, got {v!r}")
+    return int(v)
+
+
+def as_float(source: str, key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{source}: field {key!r} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def as_bool(source: str, key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{source}: field {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def eos_ids(source: str, v: Any) -> tuple[int, ...]:
+    """An ``eos_token_id`` field: absent (None), one token id or a list of them."""
+    if v is None:
+        return ()
+    ids = v if isinstance(v, list) else [v]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ConfigError(f"{source}: field 'eos_token_id' must be an integer or a list of integers, got {v!r}")
+    return tuple(ids)
 
 
 _TARGET_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
 def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, source: str = "config.json") -> TargetConfig:
-    """Build a TargetConfig from a HF config dict, multimodal (``text_config``) or flat layout."""
+    """Build a TargetConfig from a HF config dict, multimodal (``text_config``) or flat layout. Every field
+    of the wrong type or value is a ConfigError naming `source` and the field."""
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
     if model_type not in _TARGET_TYPES:
         raise ConfigError(f"{source}: model_type {model_type!r} is not a Qwen3.5/3.6 hybrid model {_TARGET_TYPES}")
@@ -127,73 +175,85 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
         if "text_config" not in hf:
             raise ConfigError(f"{source}: model_type 'qwen3_5' without a 'text_config' section")
         hf = hf["text_config"]
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{source}: field 'text_config' must be an object, got {hf!r}")
 
     def need(key):
         if key not in hf:
             raise ConfigError(f"{source}: missing field {key!r}")
         return hf[key]
 
-    n_layers = int(need("num_hidden_layers"))
+    def req(key):
+        return as_int(source, key, need(key))
+
+    def opt(key, default, convert=as_int):
+        """An optional field; null counts as absent (transformers' to_dict() writes unset fields as null)."""
+        v = hf.get(key)
+        return default if v is None else convert(source, key, v)
+
+    n_layers = req("num_hidden_layers")
     layer_types = hf.get("layer_types")
     if layer_types is None:
-        interval = int(hf.get("full_attention_interval", 4))
+        interval = opt("full_attention_interval", 4)
         if interval <= 0:
             raise ConfigError(f"{source}: full_attention_interval must be positive, got {interval}")
         layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers)]
+    if not isinstance(layer_types, list):
+        raise ConfigError(f"{source}: field 'layer_types' must be a list, got {layer_types!r}")
     if len(layer_types) != n_layers:
         raise ConfigError(f"{source}: layer_types has {len(layer_types)} entries but num_hidden_layers = {n_layers}")
 
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_key = next((k for k in ("rope_parameters", "rope_scaling") if hf.get(k)), None)
+    rope = hf[rope_key] if rope_key else {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{source}: field {rope_key!r} must be an object, got {rope!r}")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", None):
         raise ConfigError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
         raise ConfigError(f"{source}: no rope_theta (looked in rope_parameters and at the top level)")
-    factor = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    head_dim = int(hf.get("head_dim") or need("hidden_size") // need("num_attention_heads"))
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                "linear_conv_kernel_dim"):
-        need(key)
+    theta = as_float(source, "rope_theta", theta)
+    if theta <= 0:
+        raise ConfigError(f"{source}: rope_theta must be positive, got {theta}")
+    factor = as_float(source, "partial_rotary_factor",
+                      rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    ints = {name: req(key) for name, key in (
+        ("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"), ("intermediate_size", "intermediate_size"),
+        ("num_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
+        ("linear_num_key_heads", "linear_num_key_heads"), ("linear_num_value_heads", "linear_num_value_heads"),
+        ("linear_key_head_dim", "linear_key_head_dim"), ("linear_value_head_dim", "linear_value_head_dim"),
+        ("conv_kernel", "linear_conv_kernel_dim"))}
+    head_dim = opt("head_dim", 0)
+    if not head_dim:  # HF's default: hidden_size / num_attention_heads
+        if ints["num_heads"] <= 0:
+            raise ConfigError(f"{source}: num_attention_heads must be positive, got {ints['num_heads']}")
+        head_dim = ints["hidden_size"] // ints["num_heads"]
 
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-    if hf.get("attention_bias", False):
+    if opt("attention_bias", False, as_bool):
         raise ConfigError(f"{source}: attention_bias=true is not supported")
     if hf.get("mlp_only_layers"):
         raise ConfigError(f"{source}: mlp_only_layers (MoE) is not supported")
-    eos = hf.get("eos_token_id", top.get("eos_token_id"))
-    eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
-    tie = bool(top.get("tie_word_embeddings", hf.get("tie_word_embeddings", False)))
+    eos = eos_ids(source, hf.get("eos_token_id", top.get("eos_token_id")))
+    tie = top.get("tie_word_embeddings", hf.get("tie_word_embeddings"))
+    tie = False if tie is None else as_bool(source, "tie_word_embeddings", tie)
     try:
-        return _target_config(hf, layer_types, head_dim, theta, factor, tie, eos, dtype)
+        return TargetConfig(
+            **ints,
+            layer_types=tuple(layer_types),
+            head_dim=head_dim,
+            rotary_dim=int(head_dim * factor),
+            rope_theta=theta,
+            rms_norm_eps=opt("rms_norm_eps", 1e-6, as_float),
+            tie_word_embeddings=tie,
+            eos_token_ids=eos,
+            dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
+        )
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
-
-
-def _target_config(hf, layer_types, head_dim, theta, factor, tie, eos, dtype) -> TargetConfig:
-    return TargetConfig(
-        vocab_size=int(hf["vocab_size"]),
-        hidden_size=int(hf["hidden_size"]),
-        intermediate_size=int(hf["intermediate_size"]),
-        layer_types=tuple(layer_types),
-        num_heads=int(hf["num_attention_heads"]),
-        num_kv_heads=int(hf["num_key_value_heads"]),
-        head_dim=head_dim,
-        rotary_dim=int(head_dim * float(factor)),
-        rope_theta=float(theta),
-        linear_num_key_heads=int(hf["linear_num_key_heads"]),
-        linear_num_value_heads=int(hf["linear_num_value_heads"]),
-        linear_key_head_dim=int(hf["linear_key_head_dim"]),
-        linear_value_head_dim=int(hf["linear_value_head_dim"]),
-        conv_kernel=int(hf["linear_conv_kernel_dim"]),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=tie,
-        eos_token_ids=eos,
-        dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
-    )
 
 
 def load_target_config(path: str | Path, *, dtype: str | None = None) -> TargetConfig:
@@ -203,9 +263,8 @@ def load_target_config(path: str | Path, *, dtype: str | None = None) -> TargetC
     cfg = target_config_from_hf(load_json(p), dtype=dtype, source=str(p / "config.json" if p.is_dir() else p))
     gen = (p if p.is_dir() else p.parent) / "generation_config.json"
     if gen.exists():
-        eos = load_json(gen).get("eos_token_id")
-        eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
-        cfg = cfg.replace(eos_token_ids=tuple(dict.fromkeys([*cfg.eos_token_ids, *map(int, eos)])))
+        eos = eos_ids(str(gen), read_json_object(gen).get("eos_token_id"))
+        cfg = cfg.replace(eos_token_ids=tuple(dict.fromkeys([*cfg.eos_token_ids, *eos])))
     return cfg
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxspec import config
 from jaxspec.config import FULL, ConfigError, TargetConfig, load_json
 
 SLIDING = "sliding_attention"
@@ -104,11 +105,31 @@ def _default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> 
     return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
+_TARGET_ARCHITECTURES = ("ForCausalLM", "ForConditionalGeneration")
+
+
+def _target_model(hf: dict[str, Any]) -> str:
+    """What marks `hf` as a target model's config rather than a drafter's ("" if nothing does): a Qwen3.5/3.6
+    model_type, or architectures naming a causal LM, without any of the DFlash keys."""
+    if any(k in hf for k in ("dflash_config", "mask_token_id", "target_layer_ids")):
+        return ""
+    model_type, archs = hf.get("model_type"), hf.get("architectures")
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    if model_type in ("qwen3_5", "qwen3_5_text"):
+        return f"model_type {model_type!r}"
+    named = [a for a in archs if a.endswith(_TARGET_ARCHITECTURES)]
+    return f"architectures {named}" if named else ""
+
+
 def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
                            source: str = "config.json") -> DrafterConfig:
     """Build a DrafterConfig from the drafter's HF config dict. Errors name `source` and the field."""
     if not isinstance(hf, dict):
         raise ConfigError(f"{source}: expected a JSON object, got {type(hf).__name__}")
+    target = _target_model(hf)
+    if target:
+        raise ConfigError(f"{source}: describes a target checkpoint ({target}), not a DFlash drafter (it has no "
+                          "dflash_config, mask_token_id or target_layer_ids); pass the drafter's checkpoint dir")
     dflash = hf.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         raise ConfigError(f"{source}: dflash_config must be an object, got {type(dflash).__name__}")
@@ -132,19 +153,13 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
         return v
 
     def as_int(key, v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-            raise ConfigError(f"{source}: field {key!r} must be an integer, got {v!r}")
-        return int(v)
+        return config.as_int(source, key, v)
 
     def as_float(key, v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{source}: field {key!r} must be a number, got {v!r}")
-        return float(v)
+        return config.as_float(source, key, v)
 
     def as_bool(key, v):
-        if not isinstance(v, bool):
-            raise ConfigError(f"{source}: field {key!r} must be true or false, got {v!r}")
-        return v
+        return config.as_bool(source, key, v)
 
     req = lambda key: as_int(key, need(key))
     n_layers = req("num_hidden_layers")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 
@@ -255,3 +256,94 @@ def test_missing_or_broken_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid JSON") as e:
         load_target_config(tmp_path)
     assert str(tmp_path / "config.json") in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed files and fields of the wrong type: a ConfigError naming the file and the field, never a raw
+# UnicodeDecodeError, AttributeError, ValueError or TypeError
+
+
+@pytest.mark.parametrize("edit,words", [
+    ({"hidden_size": "abc"}, ["field 'hidden_size' must be an integer, got 'abc'"]),
+    ({"hidden_size": "64"}, ["field 'hidden_size' must be an integer, got '64'"]),  # transformers refuses it too
+    ({"vocab_size": 512.5}, ["field 'vocab_size' must be an integer, got 512.5"]),
+    ({"num_hidden_layers": None}, ["field 'num_hidden_layers' must be an integer, got None"]),
+    ({"rope_parameters": "default"}, ["field 'rope_parameters' must be an object, got 'default'"]),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "1e7"}}, ["field 'rope_theta' must be a finite"]),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": "0.25"}},
+     ["field 'partial_rotary_factor' must be a finite number"]),
+    ({"rms_norm_eps": [1e-6]}, ["field 'rms_norm_eps' must be a finite number"]),
+    ({"layer_types": "linear_attention"}, ["field 'layer_types' must be a list"]),
+    ({"tie_word_embeddings": "false"}, ["field 'tie_word_embeddings' must be true or false"]),
+    ({"eos_token_id": "abc"}, ["field 'eos_token_id' must be an integer or a list of integers, got 'abc'"]),
+    ({"eos_token_id": [1, "2"]}, ["field 'eos_token_id' must be an integer or a list of integers"]),
+    ({"head_dim": None, "num_attention_heads": 0}, ["num_attention_heads must be positive"]),
+])
+def test_fields_of_the_wrong_type(tmp_path, edit, words):
+    refuse(tmp_path, {**flat(), **edit}, *words)
+
+
+def test_text_config_of_the_wrong_type(tmp_path):
+    refuse(tmp_path, {**nested(), "text_config": [1]}, "field 'text_config' must be an object")
+    refuse(tmp_path, ["qwen3_5_text"], "expected a JSON object, got list")
+    with pytest.raises(ConfigError, match="^cfg: expected a JSON object, got list"):
+        target_config_from_hf([], source="cfg")
+
+
+@pytest.mark.parametrize("content,words", [
+    (b'{"model_type": "qwen3_5_text", "note": "caf\xe9"}', ["not UTF-8 text", "byte 43"]),
+    (b"[1, 2]", ["expected a JSON object, got list"]),
+    (b'"config"', ["expected a JSON object, got str"]),
+])
+def test_config_file_that_is_not_a_utf8_json_object(tmp_path, content, words):
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        load_target_config(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'}: "), e.value
+    for w in words:
+        assert w in str(e.value), e.value
+
+
+def test_config_json_that_is_a_directory(tmp_path):
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ConfigError, match="is a directory, not a JSON file") as e:
+        load_target_config(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'}: ")
+
+
+@pytest.mark.parametrize("content,words", [
+    ('{"eos_token_id": "abc"}', ["field 'eos_token_id' must be an integer or a list of integers, got 'abc'"]),
+    ('{"eos_token_id": [248046, null]}', ["field 'eos_token_id'"]),
+    ('{"eos_token_id": true}', ["field 'eos_token_id'"]),
+    ("[0]", ["expected a JSON object, got list"]),
+    (b"\xff", ["not UTF-8"]),
+    (None, ["is a directory"]),
+])
+def test_bad_generation_config(tmp_path, content, words):
+    write(tmp_path, flat())
+    gen = tmp_path / "generation_config.json"
+    if content is None:
+        gen.mkdir()
+    elif isinstance(content, bytes):
+        gen.write_bytes(content)
+    else:
+        gen.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        load_target_config(tmp_path)
+    assert str(e.value).startswith(f"{gen}: "), e.value
+    for w in words:
+        assert w in str(e.value), e.value
+
+
+def test_generate_reports_a_malformed_config_without_a_traceback(tiny_hf, tmp_path, capsys):
+    from jaxspec.generate import main as generate
+    model = tmp_path / "model"
+    shutil.copytree(tiny_hf[0], model)
+    (model / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()),
+                                                   "hidden_size": "abc"}))
+    with pytest.raises(SystemExit) as e:
+        generate(["--model", str(model), "--prompt", "x"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--model {model}: {model / 'config.json'}: field 'hidden_size' must be an integer" in err, err
+    assert "Traceback" not in err

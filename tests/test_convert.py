@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -585,10 +586,23 @@ def test_save_refuses_to_overwrite(ckpts, tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
+    # --overwrite never wipes a dir of other files: only an empty dir or an earlier conversion.
+    with pytest.raises(FileExistsError, match=r"not replaced: it holds files \(keep.txt\) but no jaxspec.json") as e:
+        save_converted(model, out, path, overwrite=True)
+    assert str(out) in str(e.value)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    save_converted(model, out, path, overwrite=True)  # an empty dir
+    (out / "keep.txt").write_text("mine")             # an earlier conversion, whatever else it holds
     save_converted(model, out, path, overwrite=True)
     assert not (out / "keep.txt").exists()
     assert_bit_identical(restore_converted(out), model)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # neither temp nor old dir left
+
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(FileExistsError, match="it is a file"):
+        save_converted(model, tmp_path / "file", path, overwrite=True)
+    assert (tmp_path / "file").read_text() == "mine"
 
 
 @pytest.mark.parametrize("existing", [False, True])
@@ -596,9 +610,10 @@ def test_failed_save_leaves_nothing_behind(ckpts, tmp_path, monkeypatch, existin
     path = ckpts["cond"][0]
     model = load_target(path, dtype="float32")
     out = tmp_path / "out"
-    if existing:
+    if existing:  # an earlier conversion, which --overwrite may replace
         out.mkdir()
         (out / "keep.txt").write_text("mine")
+        (out / "jaxspec.json").write_text('{"format": "jaxspec-target"}')
     real_save = ocp.Checkpointer.save
     saved = []
 
@@ -613,7 +628,7 @@ def test_failed_save_leaves_nothing_behind(ckpts, tmp_path, monkeypatch, existin
     assert saved == [True]  # the params had been written when the failure hit
     assert sorted(p.name for p in tmp_path.iterdir()) == (["out"] if existing else [])
     if existing:
-        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+        assert sorted(p.name for p in out.iterdir()) == ["jaxspec.json", "keep.txt"]
 
 
 def test_save_refuses_a_model_the_config_does_not_describe(ckpts, tmp_path):
@@ -667,6 +682,79 @@ def test_save_refuses_to_replace_its_source(bad):
     assert sorted(p.name for p in path.iterdir()) == before
 
 
+def test_save_refuses_a_folder_above_its_source(bad, tmp_path):
+    """OUT_DIR above the source would be replaced, and the source with it."""
+    anc = tmp_path / "anc"
+    anc.mkdir()
+    src = bad().rename(anc / "hf")
+    model = load_target(src, dtype="float32")
+    for out in (anc, tmp_path):
+        with pytest.raises(CheckpointError, match="is a folder above the source checkpoint dir") as e:
+            save_converted(model, out, src, overwrite=True)
+        assert str(out) in str(e.value) and str(src) in str(e.value)
+    assert (src / "model.safetensors").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["anc"]
+
+
+def test_save_removes_temp_dirs_a_killed_save_left(ckpts, tmp_path, capsys):
+    path = ckpts["causal"][0]
+    stale = tmp_path / ".out.tmp-0123456789ab"
+    (stale / "params").mkdir(parents=True)
+    keep = [tmp_path / ".other.tmp-0123456789ab", tmp_path / ".out.tmp-mine"]  # another dir's; not our name
+    for k in keep:
+        k.mkdir()
+    handler = signal.getsignal(signal.SIGTERM)
+    save_converted(load_target(path, dtype="float32"), tmp_path / "out", path)
+    assert signal.getsignal(signal.SIGTERM) == handler  # the save's SIGTERM handler is gone again
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(k.name for k in keep)])
+    err = capsys.readouterr().err
+    assert f"removing {stale}, left behind by an interrupted conversion" in err
+
+
+# A save killed by SIGTERM; `save` is given a model and kind that need no checkpoint, and the params writer
+# sends the signal (during the write, or just before the final rename).
+_SIGTERM_SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from convert import store
+
+out, src, when = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+cfg = SimpleNamespace(dtype="float32")
+replace = store._replace
+
+def write_params(model, path):
+    path.mkdir()
+    (path / "half").write_text("written")
+    if when == "write":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+
+def replace_after_sigterm(tmp, out_dir):
+    os.kill(os.getpid(), signal.SIGTERM)
+    replace(tmp, out_dir)
+
+store._write_params, store._replace = write_params, replace_after_sigterm
+store.save(store.Kind("fake", "jaxspec-fake", 1, lambda path, dtype: cfg, None), SimpleNamespace(cfg=cfg), out, src)
+"""
+
+
+@pytest.mark.parametrize("when", ["write", "replace"])
+def test_sigterm_during_save_leaves_nothing_behind(tmp_path, when):
+    src, work = tmp_path / "src", tmp_path / "work"
+    src.mkdir()
+    work.mkdir()
+    (src / "config.json").write_text("{}")
+    r = subprocess.run([sys.executable, "-c", _SIGTERM_SCRIPT, str(work / "out"), str(src), when], cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 128 + signal.SIGTERM, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr
+    if when == "write":  # killed while writing: the temp dir is gone, nothing else was written
+        assert os.listdir(work) == []
+    else:  # a SIGTERM just before the final rename waits for it: the complete result, and no temp dir
+        assert os.listdir(work) == ["out"]
+        assert sorted(os.listdir(work / "out")) == ["config.json", "jaxspec.json", "params"]
+
+
 # ------------------------------------------------------------------------------------------------
 # Progress and the command line
 
@@ -703,6 +791,76 @@ def test_cli_reports_bad_checkpoints_without_a_traceback(bad, tmp_path, capsys):
     assert cli_main(["target", str(path), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "hidden_size=96" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_an_out_dir_above_the_source_before_loading(bad, tmp_path, capsys, monkeypatch):
+    anc = tmp_path / "anc"
+    anc.mkdir()
+    src = bad().rename(anc / "hf")
+    capsys.readouterr()  # what writing the fixture printed
+    monkeypatch.setattr(hf, "load_target", lambda *a, **kw: pytest.fail("loaded the model before checking OUT_DIR"))
+    assert cli_main(["target", str(src), str(anc), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {anc}: is a folder above the source checkpoint dir {src}")
+    assert (src / "config.json").is_file()
+
+
+def test_cli_refuses_an_out_dir_under_a_file_before_loading(bad, tmp_path, capsys, monkeypatch):
+    src = bad()
+    capsys.readouterr()  # what writing the fixture printed
+    (tmp_path / "afile").write_text("mine")
+    monkeypatch.setattr(hf, "load_target", lambda *a, **kw: pytest.fail("loaded the model before checking OUT_DIR"))
+    for out in (tmp_path / "afile" / "out", tmp_path / "afile" / "sub" / "out"):
+        assert cli_main(["target", str(src), str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out}: cannot be created: {tmp_path / 'afile'} is not a directory"), err
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_cli_ctrl_c_says_interrupted_and_leaves_nothing_behind(ckpts, tmp_path, capsys, monkeypatch):
+    def interrupted(self, *a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ocp.Checkpointer, "save", interrupted)
+    src = ckpts["causal"][0]
+    capsys.readouterr()  # what writing the fixture printed
+    try:
+        rc = cli_main(["target", str(src), str(tmp_path / "out"), "--dtype", "float32"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped main() as a KeyboardInterrupt, i.e. a traceback")
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert err.strip().endswith("interrupted") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name,content,words", [
+    ("config.json", b'{"model_type": "qwen3_5_text", "note": "\xff"}', ["not UTF-8"]),
+    ("config.json", b"[1, 2]", ["expected a JSON object, got list"]),
+    ("config.json", {"hidden_size": "abc"}, ["'hidden_size' must be an integer, got 'abc'"]),
+    ("config.json", {"num_hidden_layers": None}, ["'num_hidden_layers' must be an integer, got None"]),
+    ("config.json", {"rope_parameters": "default"}, ["'rope_parameters' must be an object"]),
+    ("config.json", None, ["is a directory"]),
+    ("generation_config.json", {"eos_token_id": "abc"}, ["'eos_token_id' must be an integer or a list"]),
+    ("generation_config.json", b"[0]", ["expected a JSON object, got list"]),
+])
+def test_cli_reports_a_malformed_config_without_a_traceback(bad, tmp_path, capsys, name, content, words):
+    path = bad()
+    target = path / name
+    if content is None:
+        target.unlink()
+        target.mkdir()
+    elif isinstance(content, dict):
+        target.write_text(json.dumps({**json.loads(target.read_text()), **content}))
+    else:
+        target.write_bytes(content)
+    capsys.readouterr()  # what writing the fixture printed
+    assert cli_main(["target", str(path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {target}: ") and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
     assert not (tmp_path / "out").exists()
 
 

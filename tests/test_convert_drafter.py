@@ -25,6 +25,8 @@ from convert.__main__ import main as cli_main
 from convert.drafter import load_draft, load_drafter, restore_drafter, save_drafter
 from convert.hf import CheckpointError, load_target
 from convert.store import load_model, restore_converted, save_converted
+from jaxspec.config import ConfigError
+from jaxspec.drafter_config import drafter_config_from_hf
 from test_drafter import D, N_TAPS, V, make_reference, tiny_hf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,6 +226,35 @@ def test_restore_checks_the_config_against_the_params(drafters, tmp_path):
     assert str(out) in str(e.value)
 
 
+def test_restore_names_a_bad_dtype_in_jaxspec_json(drafters, tmp_path):
+    path = drafters["qwen36"]
+    out = save_drafter(load_drafter(path), tmp_path / "out", path)
+    meta = json.loads((out / "jaxspec.json").read_text())
+    (out / "jaxspec.json").write_text(json.dumps({**meta, "dtype": "int4"}))
+    with pytest.raises(CheckpointError, match="dtype 'int4' is not one of float32, bfloat16, float16") as e:
+        load_draft(out)
+    assert str(e.value).startswith(f"{out / 'jaxspec.json'}: ")
+
+
+def test_a_target_checkpoint_is_not_a_drafter(tmp_path, capsys):
+    target = target_dir(tmp_path / "target")
+    assert cli_main(["drafter", str(target), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {target / 'config.json'}: describes a target checkpoint (model_type "
+                          "'qwen3_5_text'), not a DFlash drafter"), err
+    nested = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": {}}
+    with pytest.raises(ConfigError, match=r"target checkpoint \(model_type 'qwen3_5'\)"):
+        drafter_config_from_hf(nested)
+    with pytest.raises(ConfigError, match=r"target checkpoint \(architectures \['LlamaForCausalLM'\]\)"):
+        drafter_config_from_hf({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    # A drafter is one whatever its architectures say, as long as it has its DFlash keys.
+    hf = tiny_hf("qwen36")
+    assert drafter_config_from_hf({**hf, "architectures": ["Qwen3ForCausalLM"]}) == drafter_config_from_hf(hf)
+    top = {k: v for k, v in hf.items() if k != "dflash_config"}
+    top.update(hf["dflash_config"], architectures=["Qwen3ForCausalLM"])
+    assert drafter_config_from_hf(top) == drafter_config_from_hf(hf)
+
+
 # ------------------------------------------------------------------------------------------------
 # Atomic saves
 
@@ -239,10 +270,26 @@ def test_save_refuses_to_overwrite(drafters, tmp_path):
     assert str(out) in str(e.value)
     assert listing(out) == ["keep.txt"] and listing(tmp_path) == ["out"]
 
-    save_drafter(drafter, out, path, overwrite=True)
+    with pytest.raises(FileExistsError, match=r"not replaced: it holds files \(keep.txt\) but no jaxspec.json") as e:
+        save_drafter(drafter, out, path, overwrite=True)  # --overwrite never wipes a dir of other files
+    assert str(out) in str(e.value) and listing(out) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    save_drafter(drafter, out, path, overwrite=True)      # an empty dir is replaced
+    save_drafter(drafter, out, path, overwrite=True)      # and so is an earlier conversion
     assert listing(out) == ["config.json", "jaxspec.json", "params"]
     assert listing(tmp_path) == ["out"]  # neither the temp dir nor the old one is left
     assert_bit_identical(load_draft(out), drafter)
+
+
+def test_overwrite_refuses_another_kinds_conversion(converted_target, drafters, tmp_path):
+    out = tmp_path / "target"
+    shutil.copytree(converted_target, out)
+    before = listing(out)
+    with pytest.raises(FileExistsError, match=r"not replaced: it holds format 'jaxspec-target'.*not a converted "
+                                              r"drafter") as e:
+        save_drafter(load_drafter(drafters["qwen36"]), out, drafters["qwen36"], overwrite=True)
+    assert str(out) in str(e.value)
+    assert listing(out) == before and listing(tmp_path) == ["target"]
 
 
 @pytest.mark.parametrize("existing,exc", [(False, OSError("No space left on device")),
@@ -254,9 +301,10 @@ def test_failed_save_leaves_nothing_behind(drafters, tmp_path, monkeypatch, exis
     work = tmp_path / "work"
     work.mkdir()
     out = work / "out"
-    if existing:
+    if existing:  # an earlier conversion, which overwrite=True may replace
         out.mkdir()
         (out / "keep.txt").write_text("mine")
+        (out / "jaxspec.json").write_text('{"format": "jaxspec-drafter"}')
     real_save = ocp.Checkpointer.save
     saved = []
 
@@ -271,7 +319,7 @@ def test_failed_save_leaves_nothing_behind(drafters, tmp_path, monkeypatch, exis
     assert saved == [True]
     assert listing(work) == (["out"] if existing else [])
     if existing:
-        assert listing(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+        assert listing(out) == ["jaxspec.json", "keep.txt"] and (out / "keep.txt").read_text() == "mine"
 
 
 def test_failed_final_rename_keeps_the_old_dir(drafters, tmp_path, monkeypatch):
@@ -282,6 +330,7 @@ def test_failed_final_rename_keeps_the_old_dir(drafters, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    (out / "jaxspec.json").write_text('{"format": "jaxspec-drafter"}')
     real_rename = os.rename
     calls = []
 
@@ -295,7 +344,7 @@ def test_failed_final_rename_keeps_the_old_dir(drafters, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="Input/output"):
         save_drafter(drafter, out, path, overwrite=True)
     assert any(c == "out" for c in calls)  # the old dir had been moved aside when the failure hit
-    assert listing(tmp_path) == ["out"] and listing(out) == ["keep.txt"]
+    assert listing(tmp_path) == ["out"] and listing(out) == ["jaxspec.json", "keep.txt"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,12 +363,16 @@ def target_dir(path: Path, **overrides) -> Path:
 def test_python_m_convert_help():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for args, words in ((["--help"], ["target", "drafter"]),
-                        (["drafter", "--help"], ["HF_DRAFT_DIR", "--overwrite", "--target", "--dtype"])):
+                        (["drafter", "--help"], ["HF_DRAFT_DIR", "--overwrite", "--target", "--dtype",
+                                                 "model.safetensors.index.json",  # sharded drafters load too
+                                                 "Without --target no fit check against the target happens"])):
         r = subprocess.run([sys.executable, "-m", "convert", *args], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())  # argparse wraps lines
         for w in words:
-            assert w in r.stdout, (args, w)
+            assert w in text, (args, w)
+        assert "one model.safetensors" not in text
     # The parser alone, with the drafter subcommand in it, must not pull in jax.
     code = ("import sys; import convert.__main__ as m; m.build_parser(); "
             "print(sorted(k for k in sys.modules if k.split('.')[0] in ('jax', 'flax', 'orbax')))")
@@ -377,6 +430,35 @@ def test_cli_target_without_a_config(drafters, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error:") and f"{tmp_path / 'empty' / 'config.json'}: no such file" in err
     assert listing(tmp_path) == ["empty"]
+
+
+def test_cli_target_with_a_malformed_config(drafters, tmp_path, capsys):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("[]")
+    path = drafters["qwen36"]
+    capsys.readouterr()  # what writing the fixture printed
+    assert cli_main(["drafter", str(path), str(tmp_path / "out"), "--target", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {target / 'config.json'}: expected a JSON object, got list"), err
+    assert listing(tmp_path) == ["target"]
+
+
+def test_cli_refuses_to_write_over_the_target_or_a_folder_above_it(drafters, tmp_path, capsys, monkeypatch):
+    import convert.drafter
+    monkeypatch.setattr(convert.drafter, "load_drafter", lambda *a, **kw: pytest.fail("loaded before the check"))
+    anc = tmp_path / "anc"
+    anc.mkdir()
+    target = target_dir(anc / "target")
+    path = drafters["qwen36"]
+    capsys.readouterr()  # what writing the fixture printed
+    for out in (target, anc, tmp_path):
+        args = ["drafter", str(path), str(out), "--target", str(target), "--overwrite"]
+        assert cli_main(args) == 2
+        err = capsys.readouterr().err
+        want = "is the --target dir itself" if out == target else f"is a folder above the --target dir {target}"
+        assert err.startswith(f"error: {out}: {want}"), err
+    assert listing(target) == ["config.json"]
 
 
 def test_cli_bad_checkpoint_leaves_nothing_behind(hf_copy, tmp_path, capsys):
