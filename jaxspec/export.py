@@ -8,8 +8,13 @@ DFlash layout (config.json + one flat-key model.safetensors). `convert.hf.load_t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from flax import nnx
@@ -19,6 +24,42 @@ from jaxspec.config import FULL, TargetConfig
 from jaxspec.drafter_config import DrafterConfig
 
 INDEX_NAME = "model.safetensors.index.json"
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | Path, keep: Callable[[Path], bool] | None = None):
+    """Write the directory `out` whole or not at all: yields a new temporary sibling to write into. On success the
+    entries of an existing `out` that `keep(path)` accepts and that were not written anew are copied over, the old
+    `out` is moved aside, the sibling renamed into place, and only then the old one removed. On an error (a full
+    disk, an interrupt) the sibling is removed and `out` is as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.new-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if keep is not None and out.is_dir():
+            for p in out.iterdir():
+                if keep(p) and not (tmp / p.name).exists():
+                    (shutil.copytree if p.is_dir() else shutil.copy2)(p, tmp / p.name)
+        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+        if out.exists():
+            os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            if old.exists():
+                os.rename(old, out)
+            raise
+        if old.exists():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _weights_file(p: Path) -> bool:
+    """Whether `p` is one of the files an export writes its weights to (one file, or shards and their index)."""
+    return p.name in ("model.safetensors", INDEX_NAME) or (p.name.startswith("model-") and p.suffix == ".safetensors")
 
 
 def _flat(model) -> dict[tuple, np.ndarray]:
@@ -102,14 +143,17 @@ def save_shards(tensors: dict[str, np.ndarray], out: Path, max_shard_bytes: int)
 
 def export_target(model, out_dir: str | Path, *, max_shard_bytes: int = 10 * 2**20) -> Path:
     """Write the target as a HF checkpoint (sharded safetensors + index + config.json + generation_config.json).
-    Tokenizer files are the caller's business."""
+    Tokenizer files are the caller's business (those already in out_dir stay). Written into a new sibling renamed
+    into place (`staged_dir`): a failed export leaves the previous one whole."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     cfg: TargetConfig = model.cfg
-    save_shards(target_tensors(model), out, max_shard_bytes)
-    (out / "config.json").write_text(json.dumps(target_hf_config(cfg), indent=2) + "\n")
-    gen = {"eos_token_id": list(cfg.eos_token_ids), "do_sample": False}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    tensors = target_tensors(model)
+    own = lambda p: _weights_file(p) or p.name in ("config.json", "generation_config.json")
+    with staged_dir(out, keep=lambda p: not own(p)) as tmp:
+        save_shards(tensors, tmp, max_shard_bytes)
+        (tmp / "config.json").write_text(json.dumps(target_hf_config(cfg), indent=2) + "\n")
+        gen = {"eos_token_id": list(cfg.eos_token_ids), "do_sample": False}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     return out
 
 
@@ -135,25 +179,26 @@ def drafter_hf_config(cfg: DrafterConfig, num_target_layers: int) -> dict:
 def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int, max_shard_bytes: int | None = None) -> Path:
     """Write the drafter as config.json + one model.safetensors with z-lab's flat keys; with max_shard_bytes, a
     drafter larger than that goes to shards of at most that size and an index instead (e.g. for a repository
-    that takes files of <= 16 MB), which `convert.drafter.load_drafter` reads too."""
+    that takes files of <= 16 MB), which `convert.drafter.load_drafter` reads too. Written into a new sibling
+    renamed into place (`staged_dir`): a failed export leaves the previous one whole; other files already in out_dir
+    stay, but not weights in the other layout (they would be read instead of, or beside, these)."""
     from convert.drafter import WEIGHTS, drafter_layout
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     flat = _flat(drafter)
     tensors = {}
     for key, (path, shape, transpose) in drafter_layout(drafter.cfg).items():
         a = flat[path].T if transpose else flat[path]
         assert a.shape == shape, (key, a.shape, shape)
         tensors[key] = np.ascontiguousarray(a)
-    # Weights an earlier export left in the other layout would be read instead of (or beside) these.
-    for stale in [out / WEIGHTS, out / INDEX_NAME, *out.glob("model-*-of-*.safetensors")]:
-        stale.unlink(missing_ok=True)
-    if max_shard_bytes is not None and sum(t.nbytes for t in tensors.values()) > max_shard_bytes:
-        save_shards(tensors, out, max_shard_bytes)
-    else:
-        save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(drafter_hf_config(drafter.cfg, num_target_layers), indent=2) + "\n")
+    with staged_dir(out, keep=lambda p: not (_weights_file(p) or p.name in (WEIGHTS, "config.json"))) as tmp:
+        if max_shard_bytes is not None and sum(t.nbytes for t in tensors.values()) > max_shard_bytes:
+            save_shards(tensors, tmp, max_shard_bytes)
+        else:
+            save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(drafter_hf_config(drafter.cfg, num_target_layers), indent=2)
+                                         + "\n")
     return out
 
 
-__all__ = ["export_target", "export_drafter", "save_shards", "target_hf_config", "drafter_hf_config", "target_tensors", "FULL"]
+__all__ = ["export_target", "export_drafter", "save_shards", "staged_dir", "target_hf_config", "drafter_hf_config",
+           "target_tensors", "FULL"]

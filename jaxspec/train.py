@@ -24,8 +24,11 @@ labels are the target's greedy predictions and slots after the text leaves the t
 masked, so each label is the token the target itself would generate from that anchor. A small data set seen
 many times overfits badly (the first demo drafter: held-out tau 1.15): `warn_epochs` flags it. AdamW (decoupled weight decay on matrices) with linear
 warm-up, cosine decay and global-norm clipping, written here in plain jax. Data parallel over all devices
-(the batch axis of a 1-D mesh). Orbax checkpoints every `--ckpt-every` steps; a rerun with the same
-arguments resumes from the latest one and continues with exactly the steps it would have run.
+(the batch axis of a 1-D mesh). Orbax checkpoints every `--ckpt-every` steps, each with its own metadata; a rerun
+with the same arguments resumes from the latest one that restores and continues with exactly the steps it would have
+run. A rerun with other flags that shape the run (or another target or text) is refused, naming each; `drafter` with
+another --steps trains on to that many. Ctrl-C stops training after the current step, saves a checkpoint and exits
+with status 130.
 """
 
 from __future__ import annotations
@@ -39,10 +42,14 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
+import signal
 import sys
 import sysconfig
 import tarfile
+import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -128,6 +135,90 @@ def data_mesh(batch: int | None = None):
                              axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary sibling renamed into place: `path` is whole, old or new."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_meta(f: Path, new_run: str = "--out") -> dict:
+    """A checkpoint's metadata (Trainer.save's), or a one-line ConfigError naming the file."""
+    try:
+        meta = json.loads(Path(f).read_text())
+        if not isinstance(meta, dict) or not {"step", "steps", "warmup", "losses"} <= set(meta):
+            raise ValueError("not checkpoint metadata: it lacks step, steps, warmup or losses")
+    except (OSError, ValueError) as e:                     # json.JSONDecodeError is a ValueError
+        raise ConfigError(f"{f}: unreadable checkpoint metadata ({e}); delete it to resume from the checkpoint "
+                          f"before it, or pass a new {new_run} to start another run") from None
+    return meta
+
+
+def step_meta(ckpt_dir: Path, step: int, new_run: str = "--out") -> dict | None:
+    """The metadata of checkpoint `step` in ckpt_dir: meta/<step>.json, or the single meta.json of older jaxspec
+    where it is for that step; None where there is none. Unreadable metadata is a ConfigError naming the file."""
+    f = ckpt_dir / "meta" / f"{step}.json"
+    if f.exists():
+        meta = read_meta(f, new_run)
+        if meta["step"] != step:
+            raise ConfigError(f"{f}: unreadable checkpoint metadata (it is for step {meta['step']}); delete it to "
+                              f"resume from the checkpoint before it, or pass a new {new_run} to start another run")
+        return meta
+    legacy = ckpt_dir / "meta.json"
+    meta = read_meta(legacy, new_run) if legacy.exists() else None
+    return meta if meta is not None and meta["step"] == step else None
+
+
+def _legacy_step(f: Path) -> int | None:
+    try:
+        return int(json.loads(f.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def newest_meta(ckpt_dir: Path, new_run: str = "--out") -> dict | None:
+    """The metadata of the newest checkpoint in ckpt_dir that has any (None: none), read without restoring it: for a
+    caller to check a rerun's flags (`refuse_other_config`) before it makes its data."""
+    steps = sorted((int(p.name) for p in Path(ckpt_dir).glob("*") if p.is_dir() and p.name.isdigit()), reverse=True)
+    for step in steps:
+        meta = step_meta(Path(ckpt_dir), step, new_run)
+        if meta is not None:
+            return meta
+    return None
+
+
+def config_changes(old: dict | None, new: dict | None) -> list[str]:
+    """'flag: old -> new' for each setting that both configs record with different values (none if either is None,
+    a checkpoint of older jaxspec recording none)."""
+    if not old or not new:
+        return []
+    show = lambda v: " ".join(map(str, v)) if isinstance(v, list) else str(v)
+    return [f"{k}: {show(old[k])} -> {show(new[k])}" for k in new if k in old and old[k] != new[k]]
+
+
+def refuse_other_config(ckpt_dir: Path, meta: dict, config: dict | None, new_run: str = "--out") -> None:
+    """A ConfigError naming each setting (old -> new) where checkpoint metadata `meta` records another than `config`."""
+    changes = config_changes(meta.get("config"), json.loads(json.dumps(config)))
+    if changes:
+        raise ConfigError(f"{ckpt_dir} holds a run with other settings: {'; '.join(changes)}. Pass a new {new_run} "
+                          f"to start another run, or the old flags to resume this one")
+
+
+class Interrupted(Exception):
+    """Training stopped by SIGINT (Ctrl-C) between two steps; `saved`: the checkpoint dir it saved to, or None."""
+
+    def __init__(self, name: str, step: int, saved: Path | None):
+        self.name, self.step, self.saved = name, step, saved
+        super().__init__(f"{name}: interrupted at step {step}; "
+                         + (f"checkpoint saved in {saved}; rerun the same command to resume" if saved else
+                            "no checkpoint saved; rerun the same command to start again"))
+
+
 class Trainer:
     """Runs `loss_fn(params, frozen, batch) -> loss` for `steps` steps with AdamW (`evaluate` uses
     `eval_loss_fn`, by default the same).
@@ -136,14 +227,23 @@ class Trainer:
     function of the step, so that a resumed run sees the batches the interrupted one would have seen.
     frozen: a pytree passed to every step (replicated), not trained. `steps` and `warmup` are arguments
     of the compiled step (changing them does not recompile). Checkpoints hold the params and optimizer
-    state (Orbax) and, in meta.json beside them, the step, `steps`, `warmup` and the losses so far, so a
-    resume continues on exactly the same schedule.
+    state (Orbax, ckpt_dir/<step>) and, in ckpt_dir/meta/<step>.json, written before the step's arrays, the
+    step, `steps`, `warmup`, the losses so far, `steps_asked` and `config`, so a resume continues on exactly
+    the same schedule. `config` (a JSON-able dict, flag -> value: what shapes the run) is compared on restore:
+    a checkpoint of other settings is refused (ConfigError naming each, old -> new). `restore` takes the
+    newest step that restores cleanly, moving any that does not to ckpt_dir/unrestorable/ (said on stderr).
+    `steps_asked`: the step count the command asked for (a fresh run with a time budget may schedule fewer),
+    kept with the checkpoints so that the caller can tell a rerun that asks for another count. `run` defers a
+    SIGINT (Ctrl-C) to the end of the current step, saves and raises `Interrupted`.
     """
 
     def __init__(self, loss_fn: Callable, params, frozen, batch_at: Callable[[int], dict], *, steps: int,
                  opt: OptConfig, ckpt_dir: str | Path | None = None, ckpt_every: int = 200, name: str = "train",
-                 log_every: int = 20, eval_loss_fn: Callable | None = None):
+                 log_every: int = 20, eval_loss_fn: Callable | None = None, config: dict | None = None,
+                 steps_asked: int | None = None, new_run: str = "--out"):
         self.loss_fn, self.batch_at, self.steps, self.opt = loss_fn, batch_at, int(steps), opt
+        self.config = json.loads(json.dumps(config)) if config is not None else None   # as it reads back
+        self.steps_asked, self.new_run = steps_asked, new_run
         self.eval_loss_fn = eval_loss_fn or loss_fn
         self.warmup = opt.warmup
         self.name, self.log_every, self.ckpt_every = name, log_every, ckpt_every
@@ -164,6 +264,7 @@ class Trainer:
         self._mgr = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
         self._eval_fn = None
+        self._stop = False
 
     def _train_step(self, params, opt_state, frozen, batch, step, sched):
         with dispatch.differentiable():   # the GPU's default kernels have no VJP
@@ -197,38 +298,87 @@ class Trainer:
         leaves = lambda t: {str(i): x for i, x in enumerate(jax.tree.leaves(t))}
         return {"params": leaves(self.params), "m": leaves(self.opt_state["m"]), "v": leaves(self.opt_state["v"])}
 
+    def _meta(self) -> dict:
+        return {"step": self.step, "steps": self.steps, "warmup": self.warmup, "losses": self.losses,
+                "steps_asked": self.steps_asked, "config": self.config}
+
     def save(self):
         self.flush()
         mgr = self._manager()
         if mgr is None or (mgr.latest_step() == self.step):
             return
         import orbax.checkpoint as ocp
+        # The step's metadata first: a step that exists always has its own (an interrupt in between leaves only
+        # metadata for a step that does not exist, which nothing reads).
+        write_atomic(self.ckpt_dir / "meta" / f"{self.step}.json", json.dumps(self._meta()))
         mgr.save(self.step, args=ocp.args.StandardSave(self._arrays()), force=True)
         mgr.wait_until_finished()
-        meta = {"step": self.step, "steps": self.steps, "warmup": self.warmup, "losses": self.losses}
-        tmp = self.ckpt_dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, self.ckpt_dir / "meta.json")
+        kept = set(mgr.all_steps())
+        for f in (self.ckpt_dir / "meta").glob("*.json"):       # those of the steps Orbax no longer keeps
+            if not (f.stem.isdigit() and int(f.stem) in kept):
+                f.unlink(missing_ok=True)
+        legacy = self.ckpt_dir / "meta.json"                      # the one file of older jaxspec, for one step
+        if legacy.exists() and (_legacy_step(legacy) not in kept):
+            legacy.unlink(missing_ok=True)
 
     def restore(self) -> bool:
-        """Resume from the latest checkpoint, if any. True when one was restored."""
+        """Resume from the newest checkpoint that restores, if any. True when one was restored. Newer steps whose
+        arrays do not restore, or that have no metadata, are then moved to ckpt_dir/unrestorable/ (said on stderr),
+        so that the run can save those steps again. Unreadable metadata, a checkpoint of another `config`, or steps
+        none of which restores are a ConfigError (nothing moved)."""
         mgr = self._manager()
-        if mgr is None or mgr.latest_step() is None or not (self.ckpt_dir / "meta.json").exists():
+        if mgr is None or not mgr.all_steps():
             return False
         import orbax.checkpoint as ocp
-        meta = json.loads((self.ckpt_dir / "meta.json").read_text())
-        step = mgr.latest_step()
-        if meta["step"] != step:
-            raise ValueError(f"{self.ckpt_dir}: meta.json is for step {meta['step']}, the latest checkpoint {step}")
-        cur = self._arrays()
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), cur)
-        got = mgr.restore(step, args=ocp.args.StandardRestore(abstract))
-        unflat = lambda like, d: jax.tree.unflatten(jax.tree.structure(like), [d[str(i)] for i in range(len(d))])
-        self.params = unflat(self.params, got["params"])
-        self.opt_state = {"m": unflat(self.opt_state["m"], got["m"]), "v": unflat(self.opt_state["v"], got["v"])}
-        self.step, self.steps, self.warmup, self.losses = step, meta["steps"], meta["warmup"], list(meta["losses"])
-        log(f"{self.name}: resumed from {self.ckpt_dir} at step {self.step}/{self.steps}")
-        return True
+        bad = []
+        for step in sorted(mgr.all_steps(), reverse=True):
+            meta = step_meta(self.ckpt_dir, step, self.new_run)
+            if meta is None:
+                bad.append((step, "it has no metadata (meta/<step>.json)"))
+                continue
+            self.check_config(meta)
+            cur = self._arrays()
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), cur)
+            try:
+                got = mgr.restore(step, args=ocp.args.StandardRestore(abstract))
+            except Exception as e:      # noqa: BLE001 -- Orbax/TensorStore raise many kinds for damaged files
+                bad.append((step, f"its arrays do not restore ({type(e).__name__}: "
+                                  f"{(str(e).splitlines() or [''])[0][:200]})"))
+                continue
+            for s, why in bad:
+                self._set_aside(s, why)
+            unflat = lambda like, d: jax.tree.unflatten(jax.tree.structure(like), [d[str(i)] for i in range(len(d))])
+            self.params = unflat(self.params, got["params"])
+            self.opt_state = {"m": unflat(self.opt_state["m"], got["m"]), "v": unflat(self.opt_state["v"], got["v"])}
+            self.step, self.steps, self.warmup = step, meta["steps"], meta["warmup"]
+            self.losses = list(meta["losses"])
+            self.steps_asked = meta.get("steps_asked", self.steps_asked)
+            log(f"{self.name}: resumed from {self.ckpt_dir} at step {self.step}/{self.steps}")
+            return True
+        raise ConfigError(f"{self.ckpt_dir}: no checkpoint restores ({'; '.join(f'step {s}: {w}' for s, w in bad)}); "
+                          f"pass a new {self.new_run} to start another run")
+
+    def _set_aside(self, step: int, why: str) -> None:
+        """Move checkpoint `step` (and its metadata) to ckpt_dir/unrestorable/, so that a resumed run can save that
+        step again, saying so and `why` on stderr."""
+        aside = self.ckpt_dir / "unrestorable"
+        aside.mkdir(exist_ok=True)
+        dest = aside / str(step)
+        n = 1
+        while dest.exists():
+            dest, n = aside / f"{step}.{n}", n + 1
+        os.rename(self.ckpt_dir / str(step), dest)
+        meta = self.ckpt_dir / "meta" / f"{step}.json"
+        if meta.exists():
+            os.replace(meta, dest.with_name(dest.name + ".json"))
+        if self._mgr is not None:                 # the manager lists the steps it found when made
+            self._mgr.close()
+            self._mgr = None
+        log(f"{self.name}: skipping the checkpoint of step {step} in {self.ckpt_dir}: {why}; moved to {dest}")
+
+    def check_config(self, meta: dict) -> None:
+        """ConfigError when checkpoint metadata `meta` is of a run with other settings than this one's `config`."""
+        refuse_other_config(self.ckpt_dir, meta, self.config, self.new_run)
 
     # -- the loop --
     def _load(self, step: int):
@@ -265,10 +415,14 @@ class Trainer:
         from concurrent.futures import ThreadPoolExecutor
         t0, s0 = time.perf_counter(), self.step
         stop = self.steps if max_steps is None else min(self.steps, self.step + max_steps)
+        self._stop, old_handler = False, None
+        if threading.current_thread() is threading.main_thread():
+            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        quit_now = False
         try:
             with ThreadPoolExecutor(1) as pool:
                 nxt = pool.submit(self._load, self.step) if self.step < stop else None
-                while self.step < stop:
+                while self.step < stop and not self._stop:
                     batch = nxt.result()
                     nxt = pool.submit(self._load, self.step + 1) if self.step + 1 < stop else None
                     self.run_step(batch)
@@ -285,11 +439,30 @@ class Trainer:
                         break
                 if nxt is not None:
                     nxt.cancel()
+        except KeyboardInterrupt:       # a second Ctrl-C: out now, the arrays maybe donated to an unfinished step
+            quit_now = True
+            raise
         finally:
-            self.flush()
-            if save:
-                self.save()
+            try:
+                if not quit_now:
+                    self.flush()
+                    if save:
+                        self.save()
+            finally:
+                if old_handler is not None:
+                    signal.signal(signal.SIGINT, old_handler)
+        if self._stop:
+            raise Interrupted(self.name, self.step, self.ckpt_dir if save and self.ckpt_dir else None)
         return self.losses
+
+    def _on_sigint(self, signum, frame):
+        """SIGINT during `run`: stop after the current step (whose jitted call owns the donated params and optimizer
+        state until it returns), then save; a second one quits at once."""
+        if self._stop:
+            raise KeyboardInterrupt
+        self._stop = True
+        log(f"{self.name}: interrupted; stopping once the current step is done, to save a checkpoint (Ctrl-C "
+            f"again to quit at once)")
 
 
 def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 20, cap: int | None = None) -> int:
@@ -1278,7 +1451,7 @@ REPO_FILE_BYTES = 15 * 2**20
 
 def run_pair(args) -> int:
     from convert.hf import load_target
-    from jaxspec.export import export_drafter, export_target
+    from jaxspec.export import export_drafter, export_target, staged_dir
     from jaxspec.plot import loss_curve_png
 
     t_start = time.time()
@@ -1290,6 +1463,14 @@ def run_pair(args) -> int:
         raise ConfigError(f"--target-share {args.target_share:g}: {e}") from None
     if args.target_max_epochs < 0:
         raise ConfigError(f"--target-max-epochs {args.target_max_epochs:g}: must be >= 0 (0: no cap)")
+    if not (math.isfinite(budget) and budget > 0):
+        raise ConfigError(f"--time-budget-s {budget:g}: must be > 0 (the wall-clock budget of all the phases)")
+    if args.part_mb < 1:
+        raise ConfigError(f"--part-mb {args.part_mb}: must be >= 1")
+    if args.ckpt_every < 0:
+        raise ConfigError(f"--ckpt-every {args.ckpt_every}: must be >= 0 (0: a checkpoint only at each phase's end)")
+    if args.seed < 0:
+        raise ConfigError(f"--seed {args.seed}: must be >= 0")
     s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
     for flag, value in (("--gen-sequences", args.gen_sequences), ("--gen-batch", args.gen_batch),
                         ("--drafter-layers", args.drafter_layers)):
@@ -1311,9 +1492,9 @@ def run_pair(args) -> int:
         prompt_pkgs = package_files(n_pkg, part="prompts") if n_pkg and unseen else []
     except ValueError as e:
         raise ConfigError(f"--package-text {n_pkg}: {e}") from None
-    out = Path(args.out).absolute()
+    out = out_dir(args.out, "--out")
+    work = out_dir(args.work, "--work") if args.work else out / "work"
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work or out / "work").absolute()
     pair = work / "pair"
     tdir, ddir = pair / "target", pair / "drafter"
     git = git_info()
@@ -1366,13 +1547,18 @@ def run_pair(args) -> int:
         f"chars -> {len(stream) / 1e6:.2f}M tokens (vocab {vocab}); held out {len(held_files)} files; the drafter's "
         f"prompts: {results['corpus']['drafter_prompt_files']} files")
     tcfg = s.target.replace(vocab_size=vocab, eos_token_ids=(eos_id,))
+    # What shapes the run: a rerun into the same --work resumes a phase's checkpoint only with the same flags.
+    flags = {"--tiny": bool(args.tiny), "--seed": args.seed, "--target-width": tcfg.hidden_size,
+             "--target-layers": tcfg.num_layers, "--vocab": vocab, "--package-text": n_pkg,
+             "--drafter-prompts": args.drafter_prompts, "the corpus (its tokens)": array_digest(stream)}
 
     # 2. Target.
     target = Qwen35(tcfg, rngs=nnx.Rngs(args.seed))
     graphdef, params = nnx.split(target)
     tr = Trainer(target_loss(graphdef), params, (), stream_batches(stream, s.t_batch, s.t_seq, args.seed),
                  steps=s.t_max_steps, opt=OptConfig(lr=s.t_lr, warmup=min(200, s.t_max_steps // 10)),
-                 ckpt_dir=work / "ckpt_target", ckpt_every=args.ckpt_every, name="target")
+                 ckpt_dir=work / "ckpt_target", ckpt_every=args.ckpt_every, name="target", config=flags,
+                 new_run="--out (or --work)")
     cap = s.t_max_steps
     if args.target_max_epochs:     # steps that show the target its training stream at most this many times
         cap = min(cap, max(int(args.target_max_epochs * len(stream) / (s.t_batch * s.t_seq)), 1))
@@ -1388,10 +1574,9 @@ def run_pair(args) -> int:
                          "params": int(sum(x.size for x in jax.tree.leaves(params)))}
     loss_curve_png(out / "target_loss.png", tr.losses)
     export_dtype = "float32" if args.tiny else "bfloat16"
-    if tdir.exists():
-        shutil.rmtree(tdir)
-    export_target(rebuild(Qwen35, tcfg.replace(dtype=export_dtype), tr.params), tdir)
-    save_tokenizer(tok, tdir)
+    with staged_dir(tdir) as tmp:        # the previous export stays whole until this one is
+        export_target(rebuild(Qwen35, tcfg.replace(dtype=export_dtype), tr.params), tmp)
+        save_tokenizer(tok, tmp)
     # Everything downstream uses the target exactly as shipped: read back from the exported files.
     target = load_target(tdir, dtype=args.eval_dtype)
     log(f"target: {tr.step} steps, loss {results['target']['final_loss']:.3f}; exported to {tdir}")
@@ -1446,7 +1631,9 @@ def run_pair(args) -> int:
                                       epochs_seen(steps, ng, s.d_anchors, n_seq, g_positions))
     dtr = Trainer(loss_fn, dparams, frozen, batches,
                   steps=s.d_max_steps, opt=OptConfig(lr=s.d_lr, warmup=min(200, s.d_max_steps // 10)),
-                  ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter")
+                  ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter",
+                  config={**flags, "--drafter-data": data, "--drafter-layers": s.draft_layers},
+                  new_run="--out (or --work)")
     if not dtr.restore():
         dtr.steps = calibrate_steps(dtr, at(d_end - 0.02) - time.time(), cap=s.d_max_steps)
         dtr.warmup = min(200, max(dtr.steps // 25, 1))
@@ -1455,10 +1642,9 @@ def run_pair(args) -> int:
     results["drafter_data"]["epochs"] = epochs
     dtr.run(deadline=at(d_end))
     loss_curve_png(out / "drafter_loss.png", dtr.losses)
-    if ddir.exists():
-        shutil.rmtree(ddir)
-    export_drafter(rebuild(Drafter, dcfg.replace(dtype=export_dtype), dtr.params), ddir,
-                   num_target_layers=tcfg.num_layers, max_shard_bytes=REPO_FILE_BYTES)
+    with staged_dir(ddir) as tmp:
+        export_drafter(rebuild(Drafter, dcfg.replace(dtype=export_dtype), dtr.params), tmp,
+                       num_target_layers=tcfg.num_layers, max_shard_bytes=REPO_FILE_BYTES)
     results["drafter"] = {"config": dataclasses.asdict(dcfg), "steps": dtr.step, "gamma": default_gamma(s.block),
                           "anchors_per_seq": s.d_anchors, "final_loss": float(np.mean(dtr.losses[-20:])),
                           "params": int(sum(x.size for x in jax.tree.leaves(dparams)))}
@@ -1470,8 +1656,8 @@ def run_pair(args) -> int:
     else:
         evaluate_pair(results, s, args, held_docs, docs, tdir, ddir, t_start + budget)
     results["wall_s"] = time.time() - t_start
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    shutil.copyfile(out / "results.json", pair / "results.json")
+    for d in (out, pair):
+        write_atomic(d / "results.json", json.dumps(results, indent=2) + "\n")
     for png in ("target_loss.png", "drafter_loss.png"):
         shutil.copyfile(out / png, pair / png)
     pack(pair, out, part_bytes=args.part_mb * 2**20)
@@ -1505,24 +1691,92 @@ def rebuild(cls, cfg, params):
 
 
 def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
-    """pair/ -> out/pair.tar.00, .01, ... (each <= part_bytes); `cat pair.tar.* | tar -x` restores it."""
-    tar = out / "pair.tar"
-    with tarfile.open(tar, "w") as tf:
-        tf.add(pair, arcname="demo")
-    data = tar.read_bytes()
-    tar.unlink()
-    for old in out.glob("pair.tar.*"):
-        old.unlink()
-    parts = []
-    for i in range(0, len(data), part_bytes):
-        p = out / f"pair.tar.{i // part_bytes:02d}"
-        p.write_bytes(data[i:i + part_bytes])
-        parts.append(p)
-    return parts
+    """pair/ -> out/pair.tar.00, .01, ... (each <= part_bytes); `cat pair.tar.* | tar -x` restores it. The parts are
+    written whole in a temporary sibling dir first: the previous ones are replaced (and those left over removed) only
+    once all the new ones are complete."""
+    if part_bytes < 1:
+        raise ValueError(f"part_bytes must be >= 1, got {part_bytes}")
+    with tempfile.TemporaryDirectory(prefix=".pair-parts-", dir=out) as tmp:
+        tmp = Path(tmp)
+        staged = re.compile(r"\..+\.(new|old)-[0-9a-f]{8}")       # what a killed `staged_dir` left
+        with tarfile.open(tmp / "pair.tar", "w") as tf:
+            tf.add(pair, arcname="demo", filter=lambda m: None if staged.fullmatch(Path(m.name).name) else m)
+        data = (tmp / "pair.tar").read_bytes()
+        (tmp / "pair.tar").unlink()
+        new = []
+        for i in range(0, len(data), part_bytes):
+            new.append(tmp / f"pair.tar.{i // part_bytes:02d}")
+            new[-1].write_bytes(data[i:i + part_bytes])
+        for p in new:
+            os.replace(p, out / p.name)
+        for old in out.glob("pair.tar.*"):
+            if old.name not in {p.name for p in new}:
+                old.unlink()
+    return [out / p.name for p in new]
 
 
 # ------------------------------------------------------------------------------------------------
 # `drafter`: a drafter for an existing target
+
+
+def check_drafter_flags(args) -> None:
+    """`drafter`'s numeric flags, refused before any model is read: a ConfigError naming the flag and its value."""
+    for flag, v in (("--steps", args.steps), ("--batch", args.batch), ("--gen-batch", args.gen_batch),
+                    ("--anchors", args.anchors), ("--window", args.window), ("--sequences", args.sequences),
+                    ("--prompt-len", args.prompt_len), ("--gen-new", args.gen_new), ("--layers", args.layers),
+                    ("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
+                    ("--n-taps", args.n_taps), ("--ffn", args.ffn)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{flag} {v}: must be >= 1")
+    for flag, v, zero in (("--windows", args.windows, "all of the text"), ("--ckpt-every", args.ckpt_every,
+                          "a checkpoint only at the end"), ("--time-budget-s", args.time_budget_s, "no budget"),
+                          ("--seed", args.seed, None), ("--max-epochs", args.max_epochs, None)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"{flag} {v:g}: must be >= 0" + (f" (0: {zero})" if zero else ""))
+    if args.block < 2:
+        raise ConfigError(f"--block {args.block}: must be >= 2 (the anchor and at least one token to draft)")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ConfigError(f"--lr {args.lr:g}: must be > 0")
+    if args.gamma is not None and not (math.isfinite(args.gamma) and args.gamma > 0):
+        raise ConfigError(f"--gamma {args.gamma:g}: must be > 0 (leave it out for the block's default)")
+    if args.mask_token_id < 0:
+        raise ConfigError(f"--mask-token-id {args.mask_token_id}: must be >= 0")
+    if any(t < 0 for t in args.taps or ()):
+        raise ConfigError(f"--taps {' '.join(map(str, args.taps))}: layer ids must be >= 0")
+
+
+def check_room(args, block: int) -> None:
+    """Each training sequence must hold --anchors blocks of `block` tokens anchored after its first --prompt-len - 1
+    tokens (the context every block sees): corpus windows of --window tokens, greedy sequences of --prompt-len +
+    --gen-new. Refused naming the flag and the least it may be."""
+    room = f"for --anchors {args.anchors} blocks of {block} tokens after the first --prompt-len - 1 = " \
+           f"{args.prompt_len - 1} tokens"
+    if args.data == "corpus" and args.window < block + args.anchors + args.prompt_len - 2:
+        raise ConfigError(f"--window {args.window}: too short {room}; the least is "
+                          f"{block + args.anchors + args.prompt_len - 2}")
+    if args.data == "greedy" and args.gen_new < block + args.anchors - 2:
+        raise ConfigError(f"--gen-new {args.gen_new}: too short {room}; the least is {block + args.anchors - 2}")
+
+
+def out_dir(path, flag: str) -> Path:
+    """`path` (absolute), refused by a ConfigError naming `flag` when it, or the nearest of its parents that exists,
+    is not a directory."""
+    path = Path(path).absolute()
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"{flag} {path}: {'it' if p == path else p} is a file, not a directory")
+            break
+    return path
+
+
+def docs_digest(docs) -> str:
+    """A short digest of token documents (each one's length and ids)."""
+    h = hashlib.sha1()
+    for d in docs:
+        h.update(np.int64(len(d)).tobytes())
+        h.update(np.ascontiguousarray(d, np.int32).tobytes())
+    return h.hexdigest()[:16]
 
 
 def run_drafter(args) -> int:
@@ -1531,6 +1785,7 @@ def run_drafter(args) -> int:
     from jaxspec.plot import loss_curve_png
     from jaxspec.tokenizer import load_tokenizer
 
+    check_drafter_flags(args)
     if args.grow_layers and not args.init:
         raise ConfigError("--grow-layers needs --init (the drafter to grow)")
     if args.grow_layers < 0:
@@ -1549,36 +1804,82 @@ def run_drafter(args) -> int:
     if args.soft_labels and args.features != "live":
         raise ConfigError(f"--soft-labels {args.soft_labels} needs --features live: the feature cache keeps the "
                           f"target's greedy token, not its distribution")
+    if not args.init:
+        check_room(args, args.block)
+    out = out_dir(args.out, "--out")
     try:
         text = list(args.text) + (package_files(args.package_text, part="prompts") if args.package_text else [])
     except ValueError as e:
         raise ConfigError(f"--package-text {args.package_text}: {e}") from None
+    files = text_files(text)
     t_start = time.time()
     target = load_model(args.target, dtype="float32")
-    docs = text_docs(load_tokenizer(args.target), text)
+    docs = text_docs(load_tokenizer(args.target), files)
+    if not docs:
+        raise ConfigError(f"--text: the files hold no text ({len(files)} files, each empty or unreadable)")
     log(f"data: {len(docs)} text files ({sum(map(len, docs)) / 1e6:.2f} M tokens)"
         + (f", {args.package_text} of them from installed packages" if args.package_text else ""))
-    n_layers = target.cfg.num_layers
+    n_layers, vocab = target.cfg.num_layers, target.cfg.vocab_size
     if args.init:
         # Continue from an existing drafter: its own architecture, taps and block; the shape flags are unused.
         from convert.drafter import load_draft
         from jaxspec.drafter_config import check_pair
         drafter = load_draft(args.init, dtype="float32")
         check_pair(drafter.cfg, target.cfg)
+        check_room(args, drafter.cfg.block_size)
+        init_weights = model_fingerprint(drafter)
         if args.grow_layers:
             drafter = grow_drafter(drafter, args.grow_layers, args.seed)
         dcfg, taps, args.block = drafter.cfg, tuple(drafter.cfg.target_layer_ids), drafter.cfg.block_size
         log(f"drafter: starting from {args.init} (taps {taps}, block {args.block}"
             + (f"; {args.grow_layers} identity layers appended: {dcfg.num_layers} layers)" if args.grow_layers else ")"))
     else:
+        init_weights = None
+        bad = [t for t in args.taps or () if not 0 <= t < n_layers]
+        if bad:
+            raise ConfigError(f"--taps {' '.join(map(str, args.taps))}: {bad[0]} is not a layer of the target "
+                              f"(layers 0..{n_layers - 1})")
+        if not 0 <= args.mask_token_id < vocab:
+            raise ConfigError(f"--mask-token-id {args.mask_token_id}: outside the target's vocabulary (0..{vocab - 1})")
         taps = tuple(args.taps) if args.taps else spread_taps(n_layers, args.n_taps)
-        dcfg = DrafterConfig(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.hidden_size,
-                             intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
-                             num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
-                             rope_theta=target.cfg.rope_theta, target_layer_ids=taps,
-                             mask_token_id=args.mask_token_id, block_size=args.block, dtype="float32")
+        try:
+            dcfg = DrafterConfig(vocab_size=vocab, hidden_size=target.cfg.hidden_size,
+                                 intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
+                                 num_kv_heads=args.kv_heads, head_dim=args.head_dim, layer_types=(FULL,) * args.layers,
+                                 rope_theta=target.cfg.rope_theta, target_layer_ids=taps,
+                                 mask_token_id=args.mask_token_id, block_size=args.block, dtype="float32")
+        except ConfigError as e:
+            raise ConfigError(f"the drafter's shape (--layers --heads --kv-heads --head-dim --ffn): {e}") from None
         drafter = Drafter(dcfg, rngs=nnx.Rngs(args.seed))
-    out = Path(args.out).absolute()
+    if args.data == "corpus":
+        tokens = sum(len(d) + 1 for d in docs)
+        if tokens < args.window:
+            raise ConfigError(f"--text: {tokens} tokens in all, shorter than one window (--window {args.window})")
+    else:
+        try:
+            prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
+        except ValueError as e:
+            raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
+    gamma = args.gamma if args.gamma is not None else default_gamma(args.block)
+    # What shapes the run: a rerun into the same --out resumes its checkpoint only with the same (Trainer.restore);
+    # the shape's values are the drafter's own (with --init, its; the unused flags may change).
+    config = {"--target (its weights)": model_fingerprint(target), "--text (its tokens)": docs_digest(docs),
+              "--init (its weights)": init_weights, "--grow-layers": args.grow_layers, "--block": dcfg.block_size,
+              "--layers": dcfg.num_layers, "--heads": dcfg.num_heads, "--kv-heads": dcfg.num_kv_heads,
+              "--head-dim": dcfg.head_dim, "--ffn": dcfg.intermediate_size, "--taps": list(taps),
+              "--mask-token-id": dcfg.mask_token_id, "--gamma": gamma, "--data": args.data,
+              "--features": args.features, "--prompt-len": args.prompt_len,
+              **({"--window": args.window, "--windows": args.windows} if args.data == "corpus" else
+                 {"--sequences": args.sequences, "--gen-new": args.gen_new}),
+              "--stream-labels": args.stream_labels, "--val-sequences": args.val_sequences,
+              "--soft-labels": args.soft_labels, "--batch": args.batch, "--anchors": args.anchors, "--lr": args.lr,
+              "--seed": args.seed}
+    prev = newest_meta(out / "ckpt")
+    if prev is not None:            # refused before the data is made, not after
+        refuse_other_config(out / "ckpt", prev, config)
+        if args.steps < prev["step"]:
+            raise ConfigError(f"--steps {args.steps}: the run in {out} is at step {prev['step']} already; pass "
+                              f"--steps >= {prev['step']}, or a new --out to start another run")
     out.mkdir(parents=True, exist_ok=True)
     live = args.features == "live"
     cache = seqs = None
@@ -1597,7 +1898,6 @@ def run_drafter(args) -> int:
     else:
         # The target's own greedy path after each prompt (saved as made). Its features are then cached on disk
         # (--features cache: a training step never runs the target) or made inside each step (live).
-        prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
         seqs = greedy_sequences(target, prompts, args.gen_new, args.gen_batch, out / "greedy.npy")
         if not live:
             cache = FeatureCache(out / "greedy_features")
@@ -1613,7 +1913,6 @@ def run_drafter(args) -> int:
                           f"must be left to train on")
     n_train = done - n_val
     dgraph, dparams = nnx.split(drafter)
-    gamma = args.gamma or default_gamma(args.block)
     frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
     lo = args.prompt_len - 1
     if live:
@@ -1634,8 +1933,15 @@ def run_drafter(args) -> int:
     warn_epochs("drafter", epochs_seen(args.steps, args.batch, args.anchors, n_train, positions), args.max_epochs)
     tr = Trainer(loss_fn, dparams, frozen, batches,
                  steps=args.steps, opt=OptConfig(lr=args.lr, warmup=max(1, int(0.04 * args.steps))),
-                 ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter", eval_loss_fn=eval_fn)
+                 ckpt_dir=out / "ckpt", ckpt_every=args.ckpt_every, name="drafter", eval_loss_fn=eval_fn,
+                 config=config, steps_asked=args.steps)
     resumed = tr.restore()
+    if resumed and tr.steps_asked is not None and tr.steps_asked != args.steps:
+        # Another --steps than the run was started with: its schedule becomes that of an --steps run from the step
+        # reached on (warm-up as it was), so a finished run trains on to the new total.
+        log(f"drafter: --steps {tr.steps_asked} -> {args.steps}: training on from step {tr.step} to {args.steps} "
+            f"on the schedule of a {args.steps}-step run")
+        tr.steps = tr.steps_asked = args.steps
     deadline = t_start + args.time_budget_s if args.time_budget_s else None
     val = []
 
@@ -1664,13 +1970,19 @@ def run_drafter(args) -> int:
     return 0
 
 
+TEXT_SUFFIXES = (".py", ".txt", ".md")
+
+
 def text_files(paths) -> list[Path]:
     """The files among `paths` (files, or dirs searched for .py/.txt/.md), in order."""
     files = []
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"--text {p}: no such file or directory")
-        files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".txt", ".md")) if p.is_dir() else [p]
+        found = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in TEXT_SUFFIXES) if p.is_dir() else [p]
+        if not found:
+            raise ConfigError(f"--text {p}: the directory holds no {', '.join(TEXT_SUFFIXES)} files")
+        files += found
     return files
 
 
@@ -1714,6 +2026,9 @@ def run_eval(args) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out}: is a directory; eval writes a JSON file")
+    out_dir(Path(args.out).absolute().parent, "--out")
     files, left_out, trained, listed = text_files(args.text), [], None, 0
     if args.unseen_by:
         try:
@@ -1768,10 +2083,7 @@ def run_eval(args) -> int:
                              if args.unseen_by else {})},
               "methods": methods}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(result, indent=1))
     log(f"eval: wrote {out}")
     return 0
 
@@ -1783,11 +2095,16 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser("pair", help="train the demo target + DFlash drafter end to end and evaluate them")
     a.add_argument("--out", required=True, help="output dir: pair.tar.NN parts, results.json, loss PNGs")
     a.add_argument("--work", help="scratch dir for checkpoints and the unpacked pair (default: OUT/work)")
-    a.add_argument("--time-budget-s", type=float, default=480, help="wall-clock budget, all phases (default: %(default)s)")
+    a.add_argument("--time-budget-s", type=float, default=480,
+                   help="wall-clock budget of all the phases, > 0 (default: %(default)s)")
     a.add_argument("--tiny", action="store_true", help="toy sizes: runs end to end on a CPU in about a minute")
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--ckpt-every", type=int, default=500)
-    a.add_argument("--eval-dtype", default="float32", choices=("float32", "bfloat16"))
+    a.add_argument("--seed", type=int, default=0,
+                   help="seed of the data, weights and prompts, >= 0 (default: %(default)s)")
+    a.add_argument("--ckpt-every", type=int, default=500,
+                   help="checkpoint every N steps of each training phase, 0: only at its end; a rerun with the same "
+                        "flags resumes (default: %(default)s)")
+    a.add_argument("--eval-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="dtype of the models in the held-out evaluation (default: %(default)s)")
     a.add_argument("--drafter-data", choices=("mixed", "corpus", "greedy"), default=None,
                    help="drafter training data: the target teacher-forced over the corpus, its greedy continuations "
                         "of prompts, or both (mixed, the default)")
@@ -1834,16 +2151,22 @@ def parser() -> argparse.ArgumentParser:
                         "from the packages' 'prompts' half, which `pair --package-text` never trains its target on "
                         "(default: 0, none)")
     d.add_argument("--out", required=True, help="writes OUT/drafter (z-lab layout), OUT/ckpt, OUT/drafter_loss.png")
-    d.add_argument("--block", type=int, default=16)
-    d.add_argument("--layers", type=int, default=2)
-    d.add_argument("--heads", type=int, default=4)
-    d.add_argument("--kv-heads", type=int, default=2)
-    d.add_argument("--head-dim", type=int, default=64)
+    d.add_argument("--block", type=int, default=16,
+                   help="block size B: the anchor and B - 1 drafted tokens, >= 2 (default: %(default)s)")
+    d.add_argument("--layers", type=int, default=2, help="the drafter's layers (default: %(default)s)")
+    d.add_argument("--heads", type=int, default=4, help="its attention heads (default: %(default)s)")
+    d.add_argument("--kv-heads", type=int, default=2,
+                   help="its key/value heads, a divisor of --heads (default: %(default)s)")
+    d.add_argument("--head-dim", type=int, default=64, help="its head dim, even (default: %(default)s)")
     d.add_argument("--ffn", type=int, default=None, help="MLP width (default: 3 x hidden)")
-    d.add_argument("--n-taps", type=int, default=3)
-    d.add_argument("--taps", type=int, nargs="*", help="target layer ids to tap (default: uniform)")
-    d.add_argument("--mask-token-id", type=int, required=True)
-    d.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7 for B=16)")
+    d.add_argument("--n-taps", type=int, default=3,
+                   help="target layers to tap, spread over its depth, unless --taps (default: %(default)s)")
+    d.add_argument("--taps", type=int, nargs="*", help="target layer ids to tap (default: --n-taps spread uniformly)")
+    d.add_argument("--mask-token-id", type=int, required=True,
+                   help="the token id filling a block's drafted slots: one of the target's vocabulary (required; "
+                        "unused with --init, which keeps its own)")
+    d.add_argument("--gamma", type=float, default=None,
+                   help="loss decay, > 0 (default: 7 for B=16, 5 for 10, 4 for 8, else 7 B / 16)")
     d.add_argument("--init", help="start from this drafter (z-lab layout or converted) instead of a new one; "
                                   "its architecture, taps and block are kept and the shape flags are unused")
     d.add_argument("--grow-layers", type=int, default=0,
@@ -1871,26 +2194,41 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--windows", type=int, default=0, help="corpus: windows to use (default: all of the text)")
     d.add_argument("--stream-labels", action="store_true",
                    help="keep block slots after the text leaves the target's greedy path (default: masked)")
-    d.add_argument("--max-epochs", type=float, default=20.0, help="warn above this many passes over the data")
-    d.add_argument("--sequences", type=int, default=1024)
-    d.add_argument("--prompt-len", type=int, default=64)
-    d.add_argument("--gen-new", type=int, default=192)
-    d.add_argument("--gen-batch", type=int, default=256)
-    d.add_argument("--batch", type=int, default=32)
-    d.add_argument("--anchors", type=int, default=16)
-    d.add_argument("--steps", type=int, default=2000)
-    d.add_argument("--lr", type=float, default=6e-4)
-    d.add_argument("--ckpt-every", type=int, default=200)
+    d.add_argument("--max-epochs", type=float, default=20.0,
+                   help="warn above this many passes over the data (default: %(default)s)")
+    d.add_argument("--sequences", type=int, default=1024,
+                   help="greedy: prompts cut from the text and continued (default: %(default)s)")
+    d.add_argument("--prompt-len", type=int, default=64,
+                   help="greedy: tokens per prompt; either data: anchors come after the first --prompt-len - 1 "
+                        "tokens of a sequence (default: %(default)s)")
+    d.add_argument("--gen-new", type=int, default=192,
+                   help="greedy: tokens the target generates per prompt (default: %(default)s)")
+    d.add_argument("--gen-batch", type=int, default=256,
+                   help="sequences the target runs at once while making the data (default: %(default)s)")
+    d.add_argument("--batch", type=int, default=32, help="sequences per training step (default: %(default)s)")
+    d.add_argument("--anchors", type=int, default=16,
+                   help="blocks (random anchor positions) per sequence (default: %(default)s)")
+    d.add_argument("--steps", type=int, default=2000,
+                   help="training steps (default: %(default)s). A rerun into the same --out resumes; with another "
+                        "--steps it trains on to that many, on the schedule of a run of that many steps")
+    d.add_argument("--lr", type=float, default=6e-4,
+                   help="peak learning rate of AdamW (linear warm-up, cosine decay), > 0 (default: %(default)s)")
+    d.add_argument("--ckpt-every", type=int, default=200,
+                   help="checkpoint (OUT/ckpt) every N steps, 0: only at the end; a rerun with the same flags "
+                        "resumes from the latest, one with flags that shape the run otherwise is refused (default: "
+                        "%(default)s)")
     d.add_argument("--time-budget-s", type=float, default=None,
                    help="wall-clock budget of the whole command: a fresh run times a few steps after the data is "
                         "ready and sets its step count (at most --steps) so that the schedule ends in time; "
-                        "a resumed run keeps its own and stops at the budget")
-    d.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+                        "a resumed run keeps its own and stops at the budget (default: none; 0: none)")
+    d.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                   help="dtype of the exported drafter; it trains in float32 (default: %(default)s)")
     d.add_argument("--shard-mb", type=int, default=0, metavar="N",
                    help="export the drafter in safetensors shards of at most N MiB with an index, when it is larger "
                         "(e.g. 15 for a repository that takes files of <= 16 MB; default: 0, one model.safetensors "
                         "as z-lab's drafters are)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0,
+                   help="seed of the weights, windows, prompts and batches, >= 0 (default: %(default)s)")
     d.set_defaults(func=run_drafter)
     e = sub.add_parser("eval", help="tau, identity to AR and speed of a target + drafter on prompts cut from text")
     e.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
@@ -1902,7 +2240,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
     e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
     e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
-    e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="the target's dtype (default: %(default)s)")
     e.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"),
                    help="the drafter's dtype (default: bfloat16 under a float32 target on a GPU, else --dtype). It "
                         "only proposes and the target checks every token, so a bfloat16 drafter under a float32 "
@@ -1920,8 +2259,9 @@ def parser() -> argparse.ArgumentParser:
                    help="sample every method at this temperature, prompt i with seed i (default: 0, greedy). Sampled "
                         "runs give tau and speed but no identity to AR: speculation keeps AR's distribution, not its "
                         "draws")
-    e.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most likely tokens (0 = off)")
-    e.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus mass (1.0 = off)")
+    e.add_argument("--top-k", type=int, default=0,
+                   help="with --temperature: keep the k most likely tokens (default: 0, off)")
+    e.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus mass (default: 1.0, off)")
     e.add_argument("--block-size", type=int, default=None,
                    help="the drafter's block: DFlash verifies a chain of this many tokens and DDTree's trees are at "
                         "most this deep minus one (default: the block it was trained with)")
@@ -1942,6 +2282,12 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:                 # Ctrl-C while training: the trainer saved a checkpoint first
+        print(e, file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:                # Ctrl-C elsewhere (data, export: each resumes or is written whole)
+        print("interrupted; rerun the same command to resume from its last checkpoint", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

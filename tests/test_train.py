@@ -860,7 +860,11 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
                                            (["--drafter-layers", "0"], "--drafter-layers 0"),
                                            (["--vocab", "100"], "--vocab 100"),
                                            (["--package-text", "-1"], "--package-text -1"),
-                                           (["--package-text", str(10 ** 9)], "--package-text 1000000000")])
+                                           (["--package-text", str(10 ** 9)], "--package-text 1000000000"),
+                                           (["--part-mb", "0"], "--part-mb 0: must be >= 1"),
+                                           (["--time-budget-s", "-1"], "--time-budget-s -1: must be > 0"),
+                                           (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0"),
+                                           (["--seed", "-1"], "--seed -1: must be >= 0")])
 def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err
@@ -1160,3 +1164,252 @@ def test_git_info_prefers_the_commit_it_is_told(monkeypatch):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
     assert g["source"] == ("git" if head.returncode == 0 else "none")
     assert g["commit"] == (head.stdout.strip() if head.returncode == 0 else "unknown")
+
+
+# ------------------------------------------------------------------------------------------------
+# The commands' flags, resume, Ctrl-C and whole writes
+
+
+@pytest.fixture(scope="module")
+def cli_target(tmp_path_factory):
+    """A tiny exported target with its tokenizer (tgt/) and a text dir (text/): `drafter_args` trains on it in a few
+    seconds."""
+    from jaxspec.export import export_target
+    root = tmp_path_factory.mktemp("cli")
+    texts = [f"def k{i}(v):\n    return v + {i}\n\n" * 10 for i in range(16)]
+    export_target(tiny_target(), root / "tgt")
+    train.save_tokenizer(train.train_tokenizer(texts, 320), root / "tgt")
+    (root / "text").mkdir()
+    (root / "text" / "a.py").write_text("".join(texts))
+    return root
+
+
+def drafter_args(root, out, *extra):
+    return ["drafter", "--target", str(root / "tgt"), "--text", str(root / "text"), "--out", str(out),
+            "--mask-token-id", "1", "--block", "4", "--layers", "1", "--heads", "1", "--kv-heads", "1", "--head-dim",
+            "8", "--window", "32", "--windows", "8", "--batch", "2", "--anchors", "1", "--prompt-len", "4",
+            "--gen-batch", "4", "--dtype", "float32", *extra]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--steps", "0"], "--steps 0: must be >= 1"), (["--block", "1"], "--block 1: must be >= 2"),
+    (["--lr", "0"], "--lr 0: must be > 0"), (["--gamma", "0"], "--gamma 0: must be > 0"),
+    (["--windows", "-1"], "--windows -1: must be >= 0"), (["--time-budget-s", "-5"], "--time-budget-s -5: must be"),
+    (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0 (0: a checkpoint only at the end)"),
+    (["--batch", "0"], "--batch 0: must be >= 1"), (["--gen-batch", "0"], "--gen-batch 0: must be >= 1"),
+    (["--anchors", "0"], "--anchors 0: must be >= 1"), (["--window", "0"], "--window 0: must be >= 1"),
+    (["--seed", "-1"], "--seed -1: must be >= 0"), (["--window", "6"], "--window 6: too short for --anchors 1 "
+                                                                        "blocks of 4 tokens"),
+    (["--window", "6"], "the least is 7"), (["--data", "greedy", "--sequences", "0"], "--sequences 0: must be >= 1"),
+    # these need the target or the text
+    (["--taps", "0", "99"], "--taps 0 99: 99 is not a layer of the target (layers 0..3)"),
+    (["--mask-token-id", "320"], "--mask-token-id 320: outside the target's vocabulary (0..319)"),
+    (["--data", "greedy", "--prompt-len", "100000"], "--text: no document longer than 100001 tokens (--prompt-len "
+                                                     "100000)"),
+    (["--window", "100000"], "shorter than one window (--window 100000)")])
+def test_drafter_refuses_bad_numbers_up_front(cli_target, tmp_path, capsys, flags, message):
+    """`drafter`'s numbers are checked before anything is made: exit 2 with one line naming the flag and the value
+    (they were a nan loss, an untrained export, ZeroDivisionError, a KeyError or a range() error)."""
+    assert train.main(drafter_args(cli_target, tmp_path / "o", *flags)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_drafter_refuses_a_text_dir_without_text_files(cli_target, tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.json").write_text("{}")
+    args = drafter_args(cli_target, tmp_path / "o")
+    args[args.index("--text") + 1] = str(tmp_path / "notes")
+    assert train.main(args) == 2
+    assert f"--text {tmp_path / 'notes'}: the directory holds no .py, .txt, .md files" in capsys.readouterr().err
+
+
+def test_drafter_rerun_with_other_flags_is_refused_and_more_steps_train_on(cli_target, tmp_path, capsys):
+    """A rerun into the same --out resumes only the same run: other shaping flags, or another target of the same
+    shapes, are refused naming each (old -> new); a larger --steps trains the finished run on to the new total, a
+    --steps below the step reached is refused."""
+    import shutil
+    from jaxspec.export import export_target
+    out = tmp_path / "o"
+    assert train.main(drafter_args(cli_target, out, "--steps", "2")) == 0
+    capsys.readouterr()
+    assert train.main(drafter_args(cli_target, out, "--steps", "2", "--block", "3", "--lr", "1e-3", "--seed", "1")) == 2
+    err = capsys.readouterr().err
+    assert "--block: 4 -> 3" in err and "--lr: 0.0006 -> 0.001" in err and "--seed: 0 -> 1" in err, err
+    assert "--anchors" not in err and "Pass a new --out to start another run, or the old flags" in err
+    other = tmp_path / "tgt2"
+    shutil.copytree(cli_target / "tgt", other)
+    export_target(tiny_target(seed=1), other)                # other weights; the tokenizer files stay
+    args = drafter_args(cli_target, out, "--steps", "2")
+    args[args.index("--target") + 1] = str(other)
+    assert train.main(args) == 2
+    assert "--target (its weights): " in capsys.readouterr().err
+    assert train.main(drafter_args(cli_target, out, "--steps", "4")) == 0
+    assert "--steps 2 -> 4: training on from step 2 to 4" in capsys.readouterr().err
+    meta = json.loads((out / "ckpt" / "meta" / "4.json").read_text())
+    assert meta["step"] == meta["steps"] == meta["steps_asked"] == 4 and len(meta["losses"]) == 4
+    assert train.main(drafter_args(cli_target, out, "--steps", "3")) == 2
+    assert "--steps 3: the run in" in capsys.readouterr().err
+
+
+def test_ctrl_c_inside_a_step_saves_and_exits_130(cli_target, tmp_path, capsys, monkeypatch):
+    """A SIGINT arriving while a jitted step owns the donated params and optimizer state stops training after that
+    step, saves it and exits 130 with one line (it was "Array has been deleted" and the steps lost); the same
+    command then resumes there."""
+    import signal
+    init = train.Trainer.__init__
+
+    def interrupted_at_step_3(self, *a, **kw):
+        init(self, *a, **kw)
+        step_fn = self._step_fn
+
+        def step(*args):
+            out = step_fn(*args)                      # args 0 and 1 are donated to this call
+            if int(args[4]) == 2:
+                signal.raise_signal(signal.SIGINT)
+            return out
+        self._step_fn = step
+    monkeypatch.setattr(train.Trainer, "__init__", interrupted_at_step_3)
+    before = signal.getsignal(signal.SIGINT)
+    out = tmp_path / "o"
+    try:
+        rc = train.main(drafter_args(cli_target, out, "--steps", "5"))
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped main()")
+    err = capsys.readouterr().err
+    assert rc == 130 and "Traceback" not in err
+    assert f"interrupted at step 3; checkpoint saved in {out / 'ckpt'}; rerun the same command to resume" in err
+    assert signal.getsignal(signal.SIGINT) is before and not (out / "drafter").exists()
+    monkeypatch.undo()
+    assert train.main(drafter_args(cli_target, out, "--steps", "5")) == 0
+    assert "resumed from" in capsys.readouterr().err and (out / "drafter" / "config.json").is_file()
+    assert len(json.loads((out / "ckpt" / "meta" / "5.json").read_text())["losses"]) == 5
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")    # Orbax's failed restore, at exit
+def test_checkpoints_carry_their_metadata_and_a_damaged_step_is_skipped(tmp_path, capsys):
+    """Each step's metadata is its own file, written before the step's arrays: metadata for a step whose arrays never
+    came is not read. A step whose arrays do not restore is skipped (and said) for the one before, and set aside so
+    that it can be saved again; unreadable metadata and steps none of which restores are one-line ConfigErrors;
+    the single meta.json of older checkpoints is still read for its step."""
+    import shutil
+    ck = tmp_path / "ck"
+    tr = _drafter_trainer(ck, steps=6)
+    tr.ckpt_every, tr.config = 2, {"--lr": 0.01, "--seed": 0}
+    tr.run(max_steps=4)                                          # checkpoints at steps 2 and 4
+    assert sorted(p.name for p in (ck / "meta").iterdir()) == ["2.json", "4.json"]
+    other = _drafter_trainer(ck, steps=6)
+    other.config = {"--lr": 0.02, "--seed": 0}
+    with pytest.raises(train.ConfigError, match="other settings: --lr: 0.01 -> 0.02. Pass a new --out"):
+        other.restore()
+    meta4 = json.loads((ck / "meta" / "4.json").read_text())
+    (ck / "meta" / "6.json").write_text(json.dumps({**meta4, "step": 6}))     # an interrupted save of step 6
+    for f in (ck / "4").rglob("manifest.ocdbt"):
+        f.write_bytes(b"damaged")
+    capsys.readouterr()
+    again = _drafter_trainer(ck, steps=6)
+    again.config = tr.config
+    assert again.restore() and again.step == 2 and again.losses == tr.losses[:2]
+    err = capsys.readouterr().err
+    assert "skipping the checkpoint of step 4" in err and "its arrays do not restore" in err
+    assert (ck / "unrestorable" / "4").is_dir()
+    again.ckpt_every = 2
+    again.run()                                                  # steps 4 and 6 saved again
+    assert sorted(p.name for p in (ck / "meta").iterdir()) == ["4.json", "6.json"]
+    (ck / "meta" / "6.json").write_text('{"step": 6, "ste')      # truncated
+    with pytest.raises(train.ConfigError, match=r"meta/6\.json: unreadable checkpoint metadata"):
+        _drafter_trainer(ck, steps=6).restore()
+    shutil.rmtree(ck / "meta")
+    with pytest.raises(train.ConfigError, match="no checkpoint restores .step 6: it has no metadata"):
+        _drafter_trainer(ck, steps=6).restore()
+    (ck / "meta.json").write_text(json.dumps({k: v for k, v in meta4.items() if k in ("step", "steps", "warmup",
+                                                                                        "losses")}))
+    legacy = _drafter_trainer(ck, steps=6)
+    assert legacy.restore() and legacy.step == 4 and not (ck / "6").exists()    # 6: no metadata, set aside
+    (ck / "meta.json").write_text('{"step": 4')
+    with pytest.raises(train.ConfigError, match=r"meta\.json: unreadable checkpoint metadata"):
+        _drafter_trainer(ck, steps=6).restore()
+
+
+def test_out_that_is_a_file_is_refused(cli_target, tmp_path, capsys):
+    """--out (or pair's --work) at a regular file, or under one: exit 2 with one line (was FileExistsError)."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert train.main(drafter_args(cli_target, f)) == 2
+    assert f"--out {f}: it is a file, not a directory" in capsys.readouterr().err
+    assert train.main(drafter_args(cli_target, f / "sub")) == 2
+    assert f"--out {f / 'sub'}: {f} is a file, not a directory" in capsys.readouterr().err
+    assert train.main(["pair", "--tiny", "--out", str(f)]) == 2
+    assert train.main(["pair", "--tiny", "--out", str(tmp_path / "p"), "--work", str(f)]) == 2
+    assert f"--work {f}: it is a file" in capsys.readouterr().err and not (tmp_path / "p").exists()
+    assert train.main(["eval", "--target", "t", "--draft", "d", "--text", "x", "--out", str(tmp_path)]) == 2
+    assert "is a directory; eval writes a JSON file" in capsys.readouterr().err
+
+
+def test_a_failed_export_or_pack_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    """A full disk in the middle of an export (or of packing the pair's parts) leaves the previous export (parts)
+    as it was, and no temporary files; a good export replaces the weights and keeps the dir's other files."""
+    from convert.drafter import load_drafter
+    from convert.hf import load_target
+    from jaxspec import export
+    old, new = tiny_drafter((FULL,), block=4, scale=True), tiny_drafter((FULL,), block=4, seed=2, scale=True)
+    export.export_drafter(old, tmp_path / "d", num_target_layers=4)
+    (tmp_path / "d" / "README.md").write_text("notes")
+    target = tiny_target()
+    export.export_target(target, tmp_path / "t")
+
+    def full_disk(tensors, path, metadata=None):
+        Path(path).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(export, "save_file", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            export.export_drafter(new, tmp_path / "d", num_target_layers=4)
+        with pytest.raises(OSError, match="No space"):
+            export.export_target(tiny_target(seed=1), tmp_path / "t")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "t"]
+    for model, back in ((old, load_drafter(tmp_path / "d")), (target, load_target(tmp_path / "t"))):
+        a, b = _bits(model), _bits(back)
+        assert all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
+    export.export_drafter(new, tmp_path / "d", num_target_layers=4)
+    a, b = _bits(new), _bits(load_drafter(tmp_path / "d"))
+    assert all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
+    assert (tmp_path / "d" / "README.md").read_text() == "notes"
+    # pack: the previous parts stay until all the new ones are written
+    pair, out = tmp_path / "pair", tmp_path / "out"
+    pair.mkdir()
+    out.mkdir()
+    (pair / "a.bin").write_bytes(bytes(range(256)) * 40)
+    parts = train.pack(pair, out, 4096)
+    was = {p.name: p.read_bytes() for p in parts}
+    (pair / "a.bin").write_bytes(bytes(range(256)) * 80)
+    write_bytes = Path.write_bytes
+
+    def fails_at_part_1(self, data):
+        if self.name == "pair.tar.01":
+            raise OSError(28, "No space left on device")
+        return write_bytes(self, data)
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_bytes", fails_at_part_1)
+        with pytest.raises(OSError, match="No space"):
+            train.pack(pair, out, 4096)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == was
+    (pair / ".drafter.new-0123abcd").mkdir()                     # what a killed export leaves is not packed
+    (pair / ".drafter.new-0123abcd" / "config.json").write_text("{}")
+    parts = train.pack(pair, out, 4096)
+    assert len(parts) > len(was) and sorted(out.iterdir()) == parts
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tf:
+        assert tf.getnames() == ["demo", "demo/a.bin"]
+
+
+def test_every_flag_has_help_and_says_its_default():
+    """--help of each command: every flag has a line, and those with a default say it."""
+    import argparse
+    sub = next(a for a in train.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.option_strings[0]}" for name, p in sub.choices.items() for a in p._actions
+               if not isinstance(a, argparse._HelpAction)
+               and (not a.help or (a.default not in (None, False) and "default" not in a.help))]
+    assert not missing, missing
