@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxspec.files import write_atomic
+
 # 3x5 digit glyphs for the axis labels (rows top to bottom, 3 bits each).
 _GLYPHS = {"0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
            "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
@@ -16,7 +18,7 @@ _GLYPHS = {"0": "111101101101111", "1": "010110010010111", "2": "111001111100111
 
 
 def write_png(path: str | Path, rgb: np.ndarray) -> None:
-    """rgb [H, W, 3] uint8 -> an 8-bit RGB PNG."""
+    """rgb [H, W, 3] uint8 -> an 8-bit RGB PNG at `path`, written whole (`files.write_atomic`)."""
     h, w, _ = rgb.shape
     raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(h))
 
@@ -25,7 +27,7 @@ def write_png(path: str | Path, rgb: np.ndarray) -> None:
 
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-    Path(path).write_bytes(png)
+    write_atomic(path, png)
 
 
 def _text(img, x, y, s, color, scale=2):

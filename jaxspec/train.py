@@ -64,6 +64,7 @@ from jaxspec import tree as trees
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
+from jaxspec.files import write_atomic
 from jaxspec.provenance import git_info
 from jaxspec.model import Qwen35, init_state
 from pallas_kernels import dispatch
@@ -133,18 +134,6 @@ def data_mesh(batch: int | None = None):
         n = max(k for k in range(1, n + 1) if batch % k == 0)
     return jax.sharding.Mesh(np.asarray(jax.devices()[:n]), ("data",),
                              axis_types=(jax.sharding.AxisType.Auto,))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary sibling renamed into place: `path` is whole, old or new."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_meta(f: Path, new_run: str = "--out") -> dict:

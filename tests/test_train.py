@@ -741,6 +741,21 @@ def test_export_drafter_in_shards_round_trips_exactly(tmp_path):
         load_drafter(tmp_path / "sharded")
 
 
+def test_write_atomic_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    from jaxspec import files
+    f = tmp_path / "curve.png"
+    files.write_atomic(f, b"old")
+    files.write_atomic(f, "new text")
+    assert f.read_text() == "new text"
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(OSError, match="No space"):
+        files.write_atomic(f, b"newer")
+    assert f.read_text() == "new text" and [p.name for p in tmp_path.iterdir()] == ["curve.png"]
+
+
 def test_loss_curve_png(tmp_path):
     from jaxspec.plot import loss_curve_png
     loss_curve_png(tmp_path / "c.png", list(np.exp(-np.arange(200) / 50) + 0.1 * np.random.default_rng(0).random(200)))
