@@ -1450,21 +1450,14 @@ def run_pair(args) -> int:
         ends = phase_ends(args.target_share)
     except ValueError as e:
         raise ConfigError(f"--target-share {args.target_share:g}: {e}") from None
-    if args.target_max_epochs < 0:
-        raise ConfigError(f"--target-max-epochs {args.target_max_epochs:g}: must be >= 0 (0: no cap)")
+    refuse_below(0, ("--target-max-epochs", args.target_max_epochs, "no cap"),
+                 ("--ckpt-every", args.ckpt_every, "a checkpoint only at each phase's end"), ("--seed", args.seed),
+                 ("--package-text", args.package_text))
+    refuse_below(1, ("--part-mb", args.part_mb), ("--gen-sequences", args.gen_sequences),
+                 ("--gen-batch", args.gen_batch), ("--drafter-layers", args.drafter_layers))
     if not (math.isfinite(budget) and budget > 0):
         raise ConfigError(f"--time-budget-s {budget:g}: must be > 0 (the wall-clock budget of all the phases)")
-    if args.part_mb < 1:
-        raise ConfigError(f"--part-mb {args.part_mb}: must be >= 1")
-    if args.ckpt_every < 0:
-        raise ConfigError(f"--ckpt-every {args.ckpt_every}: must be >= 0 (0: a checkpoint only at each phase's end)")
-    if args.seed < 0:
-        raise ConfigError(f"--seed {args.seed}: must be >= 0")
     s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
-    for flag, value in (("--gen-sequences", args.gen_sequences), ("--gen-batch", args.gen_batch),
-                        ("--drafter-layers", args.drafter_layers)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} {value}: must be >= 1")
     if args.vocab is not None:
         if args.vocab < MIN_VOCAB:
             raise ConfigError(f"--vocab {args.vocab}: must be >= {MIN_VOCAB} (the 256 byte tokens and "
@@ -1472,8 +1465,6 @@ def run_pair(args) -> int:
         s = dataclasses.replace(s, vocab=args.vocab)
     s = dataclasses.replace(s, gen_n=args.gen_sequences or s.gen_n, gen_batch=args.gen_batch or s.gen_batch,
                             draft_layers=args.drafter_layers or s.draft_layers)
-    if args.package_text < 0:
-        raise ConfigError(f"--package-text {args.package_text}: must be >= 0")
     unseen = args.drafter_prompts == "unseen"
     n_pkg = args.package_text
     try:
@@ -1708,20 +1699,27 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
 # `drafter`: a drafter for an existing target
 
 
+def refuse_below(low: int, *checks) -> None:
+    """A ConfigError naming the first flag whose value is below `low` (or not finite); checks are (flag, value) or
+    (flag, value, what 0 means); a value of None (not given) passes."""
+    for flag, v, *zero in checks:
+        if v is not None and not (math.isfinite(v) and v >= low):
+            raise ConfigError(f"{flag} {v:g}: must be >= {low}" + (f" (0: {zero[0]})" if zero else ""))
+
+
 def check_drafter_flags(args) -> None:
     """`drafter`'s numeric flags, refused before any model is read: a ConfigError naming the flag and its value."""
-    for flag, v in (("--steps", args.steps), ("--batch", args.batch), ("--gen-batch", args.gen_batch),
-                    ("--anchors", args.anchors), ("--window", args.window), ("--sequences", args.sequences),
-                    ("--prompt-len", args.prompt_len), ("--gen-new", args.gen_new), ("--layers", args.layers),
-                    ("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
-                    ("--n-taps", args.n_taps), ("--ffn", args.ffn)):
-        if v is not None and v < 1:
-            raise ConfigError(f"{flag} {v}: must be >= 1")
-    for flag, v, zero in (("--windows", args.windows, "all of the text"), ("--ckpt-every", args.ckpt_every,
-                          "a checkpoint only at the end"), ("--time-budget-s", args.time_budget_s, "no budget"),
-                          ("--seed", args.seed, None), ("--max-epochs", args.max_epochs, None)):
-        if v is not None and not (math.isfinite(v) and v >= 0):
-            raise ConfigError(f"{flag} {v:g}: must be >= 0" + (f" (0: {zero})" if zero else ""))
+    refuse_below(1, ("--steps", args.steps), ("--batch", args.batch), ("--gen-batch", args.gen_batch),
+                 ("--anchors", args.anchors), ("--window", args.window), ("--sequences", args.sequences),
+                 ("--prompt-len", args.prompt_len), ("--gen-new", args.gen_new), ("--layers", args.layers),
+                 ("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
+                 ("--n-taps", args.n_taps), ("--ffn", args.ffn))
+    refuse_below(0, ("--windows", args.windows, "all of the text"),
+                 ("--ckpt-every", args.ckpt_every, "a checkpoint only at the end"),
+                 ("--time-budget-s", args.time_budget_s, "no budget"), ("--seed", args.seed),
+                 ("--max-epochs", args.max_epochs), ("--grow-layers", args.grow_layers),
+                 ("--package-text", args.package_text), ("--shard-mb", args.shard_mb),
+                 ("--val-sequences", args.val_sequences))
     if args.block < 2:
         raise ConfigError(f"--block {args.block}: must be >= 2 (the anchor and at least one token to draft)")
     if not (math.isfinite(args.lr) and args.lr > 0):
@@ -1777,14 +1775,6 @@ def run_drafter(args) -> int:
     check_drafter_flags(args)
     if args.grow_layers and not args.init:
         raise ConfigError("--grow-layers needs --init (the drafter to grow)")
-    if args.grow_layers < 0:
-        raise ConfigError(f"--grow-layers must be >= 0, got {args.grow_layers}")
-    if args.package_text < 0:
-        raise ConfigError(f"--package-text must be >= 0, got {args.package_text}")
-    if args.shard_mb < 0:
-        raise ConfigError(f"--shard-mb must be >= 0, got {args.shard_mb}")
-    if args.val_sequences < 0:
-        raise ConfigError(f"--val-sequences must be >= 0, got {args.val_sequences}")
     if 0 < args.val_sequences < args.batch:
         raise ConfigError(f"--val-sequences {args.val_sequences}: must be 0 or at least --batch ({args.batch}), "
                           f"the held-out loss being measured a whole batch at a time")
@@ -2007,10 +1997,8 @@ def run_eval(args) -> int:
     from jaxspec.tokenizer import load_tokenizer
 
     from jaxspec.sampling import Sampling
-    for flag, v in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
-                    ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows)):
-        if v < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {v}")
+    refuse_below(1, ("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
+                 ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows))
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:

@@ -322,7 +322,7 @@ def test_drafter_subcommand_live_features_with_a_held_out_loss(tmp_path, capsys)
     assert train.main(args + ["--val-sequences", "12"]) == 2
     assert "--val-sequences 12: the data has 14 sequences" in capsys.readouterr().err
     assert train.main(args + ["--shard-mb", "-1"]) == 2
-    assert "--shard-mb must be >= 0" in capsys.readouterr().err
+    assert "--shard-mb -1: must be >= 0" in capsys.readouterr().err
     assert train.main(args + ["--soft-labels", "1.5"]) == 2
     assert "--soft-labels must be in [0, 1], got 1.5" in capsys.readouterr().err
     assert train.main(args[:-2] + ["--soft-labels", "0.5"]) == 2
@@ -984,7 +984,7 @@ def test_drafter_refuses_bad_package_text(tmp_path, capsys):
     base = ["drafter", "--target", str(tmp_path / "nope"), "--text", str(tmp_path), "--out", str(tmp_path / "o"),
             "--mask-token-id", "1"]
     assert train.main(base + ["--package-text", "-1"]) == 2
-    assert "--package-text must be >= 0" in capsys.readouterr().err
+    assert "--package-text -1: must be >= 0" in capsys.readouterr().err
     assert train.main(base + ["--package-text", str(10 ** 9)]) == 2
     assert "--package-text 1000000000" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
