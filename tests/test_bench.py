@@ -150,7 +150,7 @@ def test_engine_rounds_times_synced_and_queued_calls_and_refuses_a_full_cache():
         harness.engine_rounds(eng, harness.random_state(cfg, 1, 16, 8), (), rounds=2, repeats=1, queue=2)
 
 
-def test_rounds_samples_in_the_round_loops(tmp_path):
+def test_rounds_samples_in_the_round_loops(tmp_path, capsys):
     """bench.rounds --sampling: the engine's AR, DFlash (rejection sampling) and DDTree (sampled walks) loops
     sample at the given temperature, top-k and top-p, recorded in the JSON; malformed values are refused."""
     from bench import rounds
@@ -161,9 +161,11 @@ def test_rounds_samples_in_the_round_loops(tmp_path):
     res = json.loads(out.read_text())
     assert res["sampling"] == dict(temperature=0.8, top_k=5, top_p=0.9)
     assert {"ar_round_device_loop", "dflash_round", "ddtree4_round"} <= set(res["phases"]), sorted(res["phases"])
+    capsys.readouterr()
     for bad in ("0.8,2.5", "-1", "0.8,5,0.9,1", "hot"):
         with pytest.raises(SystemExit):
             rounds.main(["--config", "tiny", "--sampling", bad])
+        assert f"--sampling {bad!r}" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ from jaxspec.model import split_params
 from jaxspec.tree import chain
 
 REPO = Path(__file__).resolve().parents[1]
-TOKENS = np.array([[1, 5, 7, 9, 11, 200, 3, 17]], np.int32)
+TOKENS = np.random.RandomState(0).randint(0, 512, (2, 12)).astype(np.int32)   # random ids of the tiny vocabulary
 
 
 # ------------------------------------------------------------------------------------------------

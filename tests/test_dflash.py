@@ -43,8 +43,14 @@ def test_greedy_dflash_equals_ar(pair):
 
 def test_drafter_context_tracks_committed_sequence(pair):
     """After prefill and rounds, the drafter's context equals the one built from the target's taps over
-    the whole committed sequence in one go: proof that the accepted rows' taps feed it correctly."""
-    target, drafter = pair
+    the whole committed sequence in one go: proof that the accepted rows' taps feed it correctly. The target's
+    lm_head keeps 2 of its 512 columns (every other logit 0), so that target and drafter, which shares it, choose
+    among 3 tokens and rounds accept several (a random drafter over the whole vocabulary is almost never
+    accepted, and a round of one accepted row would not test the rows' order)."""
+    full, drafter = pair
+    assert not full.cfg.tie_word_embeddings
+    target = nnx.clone(full)
+    target.lm_head.kernel.value = target.lm_head.kernel.value.at[:, 2:].set(0.0)
     spec = DFlash(drafter, target.cfg, block_size=4)
     engine = Engine(target, spec)
     prompt = np.random.RandomState(1).randint(0, 512, size=13).tolist()
@@ -54,6 +60,7 @@ def test_drafter_context_tracks_committed_sequence(pair):
     d = Decoding(state, cache, first, jnp.zeros((b, 40), jnp.int32).at[:, 0].set(first), jnp.ones((b,), jnp.int32),
                  jnp.zeros((b,), bool), key, jnp.zeros((b, 5), jnp.int32), jnp.zeros((b,), jnp.int32))
     d = engine._run(engine.params, d, 30, 6)
+    assert np.asarray(d.hist)[0, 2:].sum() > 0, np.asarray(d.hist)     # some round accepted a drafted token
     n = int(d.state.length[0])
     seq = prompt + np.asarray(d.out[0, :int(d.n_out[0])]).tolist()
     assert len(seq) == n + 1                 # everything but the pending token is committed
@@ -72,6 +79,7 @@ def test_sampled_dflash_runs_and_is_seeded(pair):
     eng = Engine(target, DFlash(drafter, target.cfg), sampling=Sampling(temperature=0.9, top_k=40))
     a = eng.generate([[1, 2, 3]], 12, seed=4).tokens
     assert a == eng.generate([[1, 2, 3]], 12, seed=4).tokens and len(a[0]) == 12
+    assert a != eng.generate([[1, 2, 3]], 12, seed=5).tokens and all(0 <= t < 512 for t in a[0])
 
 
 def test_bad_pairs_and_block_sizes(pair):
@@ -82,7 +90,9 @@ def test_bad_pairs_and_block_sizes(pair):
         DFlash(drafter, target.cfg, block_size=1)
     with pytest.raises(ConfigError, match="hidden"):
         DFlash(Drafter(drafter_config(hidden_size=32), rngs=nnx.Rngs(0)), target.cfg)
-    with pytest.raises(ConfigError):
-        DFlash(Drafter(drafter_config(target_layer_ids=(0, 4)), rngs=nnx.Rngs(0)), target.cfg)
-    with pytest.raises(ConfigError):
-        DFlash(Drafter(drafter_config(mask_token_id=512), rngs=nnx.Rngs(0)), target.cfg)
+    wide, far = Drafter(drafter_config(target_layer_ids=(0, 4)), rngs=nnx.Rngs(0)), \
+        Drafter(drafter_config(mask_token_id=512), rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match=r"ids \[4\] are not layers of"):
+        DFlash(wide, target.cfg)
+    with pytest.raises(ConfigError, match="mask_token_id 512 is outside the target vocabulary"):
+        DFlash(far, target.cfg)

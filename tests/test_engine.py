@@ -99,9 +99,9 @@ def test_stop_tokens_and_max_new_tokens(tiny):
 
 
 def test_loop_graphs_flag(tiny, monkeypatch):
-    """JAXSPEC_LOOP_GRAPHS picks which round loops compile with WHILE / CONDITIONAL command buffers; an AR engine
-    compiled with them (the option reaches XLA, which a CPU ignores) decodes the same tokens; a bad value is refused
-    naming the variable."""
+    """JAXSPEC_LOOP_GRAPHS picks which round loops compile with WHILE / CONDITIONAL command buffers (the options
+    reach the round loop's jit; a CPU ignores them, so their tokens are checked on the GPU below); a bad value is
+    refused naming the variable."""
     from jaxspec.dflash import DFlash
     from jaxspec.engine import AR, LOOP_GRAPH_COMMANDS, loop_compiler_options
     graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1}
@@ -116,11 +116,15 @@ def test_loop_graphs_flag(tiny, monkeypatch):
     with pytest.raises(ValueError, match="JAXSPEC_LOOP_GRAPHS='while'"):
         loop_compiler_options(AR())
     _, model = tiny
-    prompts = _prompts()[:2]
-    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "all")
-    with_graphs = Engine(model).generate(prompts, 8).tokens
-    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
-    assert with_graphs == Engine(model).generate(prompts, 8).tokens
+    jit, given = jax.jit, []
+    monkeypatch.setattr(jax, "jit", lambda *a, **kw: given.append(kw.get("compiler_options")) or jit(*a, **kw))
+    for env, count in (("all", 1), ("none", 0)):     # the round loop's jit gets the options, no other jit
+        monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", env)
+        given.clear()
+        engine = Engine(model)
+        assert given and given.count(graphs) == count and all(o in (graphs, None) for o in given), (env, given)
+    monkeypatch.setattr(jax, "jit", jit)
+    assert len(engine.generate(_prompts()[:2], 4).tokens) == 2     # a CPU compiles the loop with them (ignored)
 
 
 @on_gpu
@@ -174,6 +178,7 @@ def test_sampling_is_seeded_and_valid(tiny):
     a = engine.generate(_prompts(), 12, seed=1).tokens
     assert a == engine.generate(_prompts(), 12, seed=1).tokens
     assert a != engine.generate(_prompts(), 12, seed=2).tokens
+    assert all(0 <= t < model.cfg.vocab_size for row in a for t in row)
 
 
 def test_log_probs_cuts():
@@ -192,7 +197,8 @@ def test_log_probs_cuts():
 
 @pytest.mark.parametrize("kw", [dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)])
 def test_bad_sampling_parameters(kw):
-    with pytest.raises(ValueError):
+    flag = "--" + next(iter(kw)).replace("_", "-")
+    with pytest.raises(ValueError, match=flag):
         Sampling(**kw)
 
 
