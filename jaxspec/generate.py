@@ -66,6 +66,23 @@ def demo_available() -> bool:
     return (d / "target" / "config.json").is_file() and (d / "drafter" / "config.json").is_file()
 
 
+def distributed_args(env) -> dict:
+    """jax.distributed.initialize's num_processes / process_id from JAX_NUM_PROCESSES / JAX_PROCESS_ID where set
+    (jax reads JAX_COORDINATOR_ADDRESS itself, and detects SLURM, Open MPI and Kubernetes on its own)."""
+    kw = {}
+    for var, key, low in (("JAX_NUM_PROCESSES", "num_processes", 1), ("JAX_PROCESS_ID", "process_id", 0)):
+        if env.get(var):
+            try:
+                kw[key] = int(env[var])
+            except ValueError:
+                raise ValueError(f"{var}={env[var]!r} is not an integer") from None
+            if kw[key] < low:
+                raise ValueError(f"{var}={kw[key]} must be >= {low}")
+    if "process_id" in kw and kw["process_id"] >= kw.get("num_processes", kw["process_id"] + 1):
+        raise ValueError(f"JAX_PROCESS_ID={kw['process_id']} must be below JAX_NUM_PROCESSES={kw['num_processes']}")
+    return kw
+
+
 def tiny_random_config() -> TargetConfig:
     """Qwen3.6 layout (3 GDN + 1 gated attention) at toy width, with the real 248320-token vocabulary."""
     return TargetConfig(vocab_size=248320, hidden_size=64, intermediate_size=128,
@@ -113,7 +130,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the sampling noise (and of the tiny random model's weights) (default: %(default)s)")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default=None,
-                   help="parameter/activation dtype (default: the checkpoint's; float32 for the tiny model)")
+                   help="parameter/activation dtype (default: the checkpoint's; float32 for the demo pair and the tiny "
+                        "model)")
     p.add_argument("--draft-dtype", choices=("bfloat16", "float32", "float16"), default=None,
                    help="the drafter's dtype (default: bfloat16 under a float32 target on a GPU, else the target's). "
                         "The drafter only proposes and the target checks every token, so e.g. a bfloat16 drafter "
@@ -194,7 +212,11 @@ def _main(argv) -> int:
     from jaxspec.tokenizer import load_tokenizer
 
     if args.distributed:
-        jax.distributed.initialize()                  # before anything starts a backend
+        try:
+            kw = distributed_args(os.environ)
+        except ValueError as e:
+            parser().error(f"--distributed: {e}")
+        jax.distributed.initialize(**kw)              # before anything starts a backend
     if args.method == "ddtree" and args.budget is None:
         args.budget = default_budget(jax.default_backend())
     if args.method == "mtp" and args.mtp_tokens is None:

@@ -202,3 +202,32 @@ def test_interrupt_and_out_of_memory_end_with_one_line(monkeypatch, capsys):
     assert "38400000000 bytes" in err and "--max-len" in err and "SECOND LINE" not in err
     with pytest.raises(jax.errors.JaxRuntimeError):     # not a memory error: raised as it is
         cli._decode_error(jax.errors.JaxRuntimeError("INTERNAL: something else"))
+
+
+def test_distributed_passes_the_process_count_and_id(monkeypatch, capsys):
+    from jaxspec.generate import distributed_args
+    assert distributed_args({}) == {}
+    assert distributed_args({"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}) == dict(num_processes=4, process_id=3)
+    for env, words in (({"JAX_NUM_PROCESSES": "two"}, "is not an integer"),
+                       ({"JAX_NUM_PROCESSES": "0"}, "must be >= 1"),
+                       ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, "must be below JAX_NUM_PROCESSES=2")):
+        with pytest.raises(ValueError, match=words):
+            distributed_args(env)
+    given = []
+
+    class Stop(Exception):
+        pass
+
+    def initialize(**kw):
+        given.append(kw)
+        raise Stop
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    with pytest.raises(Stop):
+        main(["--method", "ar", "--distributed"])
+    assert given == [dict(num_processes=2, process_id=1)]
+    monkeypatch.setenv("JAX_PROCESS_ID", "-1")
+    with pytest.raises(SystemExit) as e:
+        main(["--method", "ar", "--distributed"])
+    assert e.value.code == 2 and "--distributed: JAX_PROCESS_ID=-1 must be >= 0" in capsys.readouterr().err
