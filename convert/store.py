@@ -35,6 +35,7 @@ from safetensors.numpy import save_file
 from convert.hf import (MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble, has_mtp_tensors,
                         load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
+from jaxspec.files import replace_dir
 from jaxspec.model import Qwen35, fuse_params, split_params
 
 PARAMS = "params"
@@ -167,7 +168,7 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
                     "source": str(src_dir.absolute())}
             (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
             with hold():
-                _replace(tmp, out_dir)
+                replace_dir(tmp, out_dir)
         except BaseException:
             with hold():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -242,7 +243,7 @@ def _stale_temp_dirs(out_dir: Path) -> list[Path]:
 def _sigterm_raises():
     """While inside, SIGTERM raises SystemExit(143) (128 + SIGTERM, the status of a process it kills), so that
     the cleanup of `save` runs instead of the process dying with its temp dir left behind. Yields `hold`: a
-    SIGTERM during a `with hold():` block is raised at its end, so that the renames of `_replace` are never
+    SIGTERM during a `with hold():` block is raised at its end, so that the renames of `replace_dir` are never
     split. Only in the main thread (where Python runs signal handlers) and only where SIGTERM has its default
     action: a handler the program set, or an ignored SIGTERM, is left alone. The previous handler is restored."""
     if (threading.current_thread() is not threading.main_thread()
@@ -291,24 +292,6 @@ def write_tree(values: dict, path: Path):
     handler = ocp.PyTreeCheckpointHandler(save_device_host_concurrent_gb=SAVE_HOST_GB)
     with ocp.Checkpointer(handler) as ckptr:
         ckptr.save(path, args=ocp.args.PyTreeSave(tree))
-
-
-def _replace(tmp: Path, out_dir: Path):
-    """Rename `tmp` to `out_dir`; an old `out_dir` is moved aside first and deleted only afterwards."""
-    if not (out_dir.exists() or out_dir.is_symlink()):
-        os.rename(tmp, out_dir)
-        return
-    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
-    os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except BaseException:
-        os.rename(old, out_dir)
-        raise
-    if old.is_dir() and not old.is_symlink():
-        shutil.rmtree(old)
-    else:
-        old.unlink()
 
 
 def is_converted(path: str | Path) -> bool:

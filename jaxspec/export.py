@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import shutil
 from pathlib import Path
@@ -22,6 +21,7 @@ from safetensors.numpy import save_file
 
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.drafter_config import DrafterConfig
+from jaxspec.files import replace_dir
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -42,17 +42,7 @@ def staged_dir(out: str | Path, keep: Callable[[Path], bool] | None = None):
             for p in out.iterdir():
                 if keep(p) and not (tmp / p.name).exists():
                     (shutil.copytree if p.is_dir() else shutil.copy2)(p, tmp / p.name)
-        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
-        if out.exists():
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old.exists():
-                os.rename(old, out)
-            raise
-        if old.exists():
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,8 +1,10 @@
-"""Writing files whole: a reader sees the old content or the new one, never a part."""
+"""Writing files and directories whole: a reader sees the old content or the new one, never a part."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from pathlib import Path
 
 
@@ -17,3 +19,22 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def replace_dir(new: Path, out: Path) -> None:
+    """Rename the finished directory `new` to `out`; an old `out` is moved aside first and removed only once `new`
+    is in its place (were the rename to fail, the old one is put back)."""
+    if not (out.exists() or out.is_symlink()):
+        os.rename(new, out)
+        return
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old)
+    else:
+        old.unlink()

@@ -1757,15 +1757,6 @@ def out_dir(path, flag: str) -> Path:
     return path
 
 
-def docs_digest(docs) -> str:
-    """A short digest of token documents (each one's length and ids)."""
-    h = hashlib.sha1()
-    for d in docs:
-        h.update(np.int64(len(d)).tobytes())
-        h.update(np.ascontiguousarray(d, np.int32).tobytes())
-    return h.hexdigest()[:16]
-
-
 def run_drafter(args) -> int:
     from convert.store import load_model
     from jaxspec.export import export_drafter
@@ -1842,7 +1833,8 @@ def run_drafter(args) -> int:
     gamma = args.gamma if args.gamma is not None else default_gamma(args.block)
     # What shapes the run: a rerun into the same --out resumes its checkpoint only with the same (Trainer.restore);
     # the shape's values are the drafter's own (with --init, its; the unused flags may change).
-    config = {"--target (its weights)": model_fingerprint(target), "--text (its tokens)": docs_digest(docs),
+    text_ids = np.concatenate([np.r_[len(d), d] for d in docs]).astype(np.int64)     # each document's length, ids
+    config = {"--target (its weights)": model_fingerprint(target), "--text (its tokens)": array_digest(text_ids),
               "--init (its weights)": init_weights, "--grow-layers": args.grow_layers, "--block": dcfg.block_size,
               "--layers": dcfg.num_layers, "--heads": dcfg.num_heads, "--kv-heads": dcfg.num_kv_heads,
               "--head-dim": dcfg.head_dim, "--ffn": dcfg.intermediate_size, "--taps": list(taps),

@@ -720,7 +720,7 @@ from convert import store
 
 out, src, when = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 cfg = SimpleNamespace(dtype="float32")
-replace = store._replace
+replace = store.replace_dir
 
 def write_params(model, path):
     path.mkdir()
@@ -733,7 +733,7 @@ def replace_after_sigterm(tmp, out_dir):
     os.kill(os.getpid(), signal.SIGTERM)
     replace(tmp, out_dir)
 
-store._write_params, store._replace = write_params, replace_after_sigterm
+store._write_params, store.replace_dir = write_params, replace_after_sigterm
 store.save(store.Kind("fake", "jaxspec-fake", 1, lambda path, dtype: cfg, None), SimpleNamespace(cfg=cfg), out, src)
 """
 
