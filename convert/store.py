@@ -35,7 +35,7 @@ from safetensors.numpy import save_file
 from convert.hf import (MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble, has_mtp_tensors,
                         load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
-from jaxspec.files import replace_dir
+from jaxspec.files import blocking_file, replace_dir
 from jaxspec.model import Qwen35, fuse_params, split_params
 
 PARAMS = "params"
@@ -198,11 +198,9 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
         if any(o in p.parents for o in outs for p in paths):
             raise CheckpointError(f"{out_dir}: is a folder above the {what} dir {Path(path).absolute()}; replacing "
                                   "it would delete that dir, choose another output dir")
-    for parent in out_dir.parents:
-        if parent.is_dir():
-            break
-        if parent.exists() or parent.is_symlink():
-            raise CheckpointError(f"{out_dir}: cannot be created: {parent} is not a directory")
+    parent = blocking_file(out_dir, parents_only=True)
+    if parent is not None:
+        raise CheckpointError(f"{out_dir}: cannot be created: {parent} is not a directory")
     if not (out_dir.exists() or out_dir.is_symlink()):
         return
     if not overwrite:

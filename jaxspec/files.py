@@ -38,3 +38,15 @@ def replace_dir(new: Path, out: Path) -> None:
         shutil.rmtree(old)
     else:
         old.unlink()
+
+
+def blocking_file(path: str | Path, *, parents_only: bool = False) -> Path | None:
+    """The file (or dangling link) that keeps the directory `path` from being made or used: the nearest of `path`
+    (unless `parents_only`) and its parents that exists, where that one is not a directory; None where there is none."""
+    path = Path(path).absolute()
+    for p in (path.parents if parents_only else (path, *path.parents)):
+        if p.is_dir():
+            return None
+        if p.exists() or p.is_symlink():
+            return p
+    return None

@@ -64,7 +64,7 @@ from jaxspec import tree as trees
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.files import write_atomic
+from jaxspec.files import blocking_file, write_atomic
 from jaxspec.provenance import git_info
 from jaxspec.model import Qwen35, init_state
 from pallas_kernels import dispatch
@@ -1749,11 +1749,9 @@ def out_dir(path, flag: str) -> Path:
     """`path` (absolute), refused by a ConfigError naming `flag` when it, or the nearest of its parents that exists,
     is not a directory."""
     path = Path(path).absolute()
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise ConfigError(f"{flag} {path}: {'it' if p == path else p} is a file, not a directory")
-            break
+    p = blocking_file(path)
+    if p is not None:
+        raise ConfigError(f"{flag} {path}: {'it' if p == path else p} is a file, not a directory")
     return path
 
 
