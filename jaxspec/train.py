@@ -1542,10 +1542,17 @@ def run_pair(args) -> int:
     cap = s.t_max_steps
     if args.target_max_epochs:     # steps that show the target its training stream at most this many times
         cap = min(cap, max(int(args.target_max_epochs * len(stream) / (s.t_batch * s.t_seq)), 1))
-    if not tr.restore():
-        tr.steps = calibrate_steps(tr, at(ends["target"] - 0.02) - time.time(), cap=cap)
-        tr.warmup = min(200, max(tr.steps // 10, 1))
-    tr.run(deadline=at(ends["target"]))
+    # Once the drafter phase has a checkpoint the target is final: a rerun (a new deadline) that trained a target cut
+    # short by its deadline further would have the resumed drafter continue against another target.
+    restored = tr.restore()
+    if restored and newest_meta(work / "ckpt_drafter", "--out (or --work)") is not None:
+        log(f"target: kept at step {tr.step}/{tr.steps}: the drafter phase has begun (checkpoints in "
+            f"{work / 'ckpt_drafter'}); pass a new --out (or --work) to train another target")
+    else:
+        if not restored:
+            tr.steps = calibrate_steps(tr, at(ends["target"] - 0.02) - time.time(), cap=cap)
+            tr.warmup = min(200, max(tr.steps // 10, 1))
+        tr.run(deadline=at(ends["target"]))
     target = nnx.merge(graphdef, jax.device_get(tr.params))
     results["target"] = {"config": dataclasses.asdict(tcfg), "steps": tr.step, "tokens_seen": tr.step * s.t_batch * s.t_seq,
                          "epochs": tr.step * s.t_batch * s.t_seq / len(stream), "max_epochs": args.target_max_epochs,
@@ -1612,7 +1619,9 @@ def run_pair(args) -> int:
     dtr = Trainer(loss_fn, dparams, frozen, batches,
                   steps=s.d_max_steps, opt=OptConfig(lr=s.d_lr, warmup=min(200, s.d_max_steps // 10)),
                   ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter",
-                  config={**flags, "--drafter-data": data, "--drafter-layers": s.draft_layers},
+                  config={**flags, "--drafter-data": data, "--drafter-layers": s.draft_layers,
+                          # a drafter checkpoint made against other target weights is refused, never trained on
+                          "the target (its weights)": model_fingerprint(frozen_target)},
                   new_run="--out (or --work)")
     if not dtr.restore():
         dtr.steps = calibrate_steps(dtr, at(d_end - 0.02) - time.time(), cap=s.d_max_steps)

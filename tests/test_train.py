@@ -831,6 +831,68 @@ def test_pair_without_eval_still_trains_exports_and_packs(tmp_path):
     assert time.time() - t0 < 50 * 1.15 + 30            # the budget, plus the export and packing
 
 
+# a `pair` of a few seconds a phase: no evaluation, corpus data only (no greedy continuations to make)
+FAST_PAIR = ["pair", "--tiny", "--no-eval", "--time-budget-s", "2", "--drafter-data", "corpus", "--ckpt-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def fast_pair(tmp_path_factory):
+    """One FAST_PAIR run, its target and drafter phases each with a checkpoint: the tests rerun copies of it."""
+    out = tmp_path_factory.mktemp("fast_pair") / "out"
+    assert train.main([*FAST_PAIR, "--out", str(out)]) == 0
+    return out
+
+
+def _copy_of(out: Path, tmp_path: Path) -> Path:
+    import shutil
+    shutil.copytree(out, tmp_path / "out")
+    return tmp_path / "out"
+
+
+def test_pair_rerun_keeps_a_deadline_cut_target_once_the_drafter_has_begun(fast_pair, tmp_path, capsys):
+    """A target cut short by its deadline (fewer steps than scheduled) is not trained further by a rerun once the
+    drafter phase has a checkpoint (the rerun's new deadline trained it on, and the resumed drafter continued against
+    another target, silently): it is kept as it was, said in one line, and the drafter resumes. The drafter's
+    checkpoints record the exported target's fingerprint, the same each time those files are read."""
+    from convert.hf import load_target
+    out = _copy_of(fast_pair, tmp_path)
+    work = out / "work"
+    (meta_f,) = (work / "ckpt_target" / "meta").glob("*.json")
+    meta = json.loads(meta_f.read_text())
+    n = meta["step"]
+    meta_f.write_text(json.dumps({**meta, "steps": n + 20}))         # as a target cut short by its deadline leaves it
+    weights = {f.name: f.read_bytes() for f in (work / "pair" / "target").glob("*.safetensors")}
+    capsys.readouterr()
+    assert train.main([*FAST_PAIR, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"target: kept at step {n}/{n + 20}: the drafter phase has begun" in err, err
+    assert f"drafter: resumed from {work / 'ckpt_drafter'}" in err
+    assert json.loads((out / "results.json").read_text())["target"]["steps"] == n
+    assert [p.name for p in (work / "ckpt_target" / "meta").iterdir()] == [f"{n}.json"]
+    assert weights and {f.name: f.read_bytes() for f in (work / "pair" / "target").glob("*.safetensors")} == weights
+    fingerprint = train.model_fingerprint(load_target(work / "pair" / "target", dtype="float32"))
+    assert train.model_fingerprint(load_target(work / "pair" / "target", dtype="float32")) == fingerprint
+    assert train.newest_meta(work / "ckpt_drafter")["config"]["the target (its weights)"] == fingerprint
+
+
+def test_pair_rerun_refuses_a_drafter_checkpoint_made_against_other_target_weights(fast_pair, tmp_path, capsys):
+    """A drafter checkpoint whose target weights (their fingerprint) are not those of the exported target is refused
+    naming old -> new (exit 2), never trained on against the other target."""
+    from convert.hf import load_target
+    out = _copy_of(fast_pair, tmp_path)
+    work = out / "work"
+    (meta_f,) = (work / "ckpt_drafter" / "meta").glob("*.json")
+    meta = json.loads(meta_f.read_text())
+    other = {**meta["config"], "the target (its weights)": "0123456789abcdef"}     # made against another target
+    meta_f.write_text(json.dumps({**meta, "config": other}))
+    fingerprint = train.model_fingerprint(load_target(work / "pair" / "target", dtype="float32"))
+    capsys.readouterr()
+    assert train.main([*FAST_PAIR, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"the target (its weights): 0123456789abcdef -> {fingerprint}. Pass a new --out (or --work)" in err, err
+    assert "drafter: resumed" not in err
+
+
 def test_phase_ends_move_the_target_and_squeeze_the_rest():
     """--target-share: the default leaves PHASE_END as it is; a larger share ends the target there and keeps
     the later phases in order, in their proportions, before 0.95; out of range is refused."""
