@@ -5,7 +5,7 @@
         tokenizer -> a small Qwen3.6-architecture target (GDN + gated attention) -> the drafter's data (the
         target teacher-forced over the corpus and its greedy generations, or either alone: --drafter-data) -> a
         DFlash drafter (block 16) -> HF export of both -> held-out evaluation (tau for DFlash and DDTree,
-        token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.
+        token identity to AR, speedup) -> results.json, loss-curve PNGs, pair.tar.NN parts and pair.sha256.
     python -m jaxspec.train drafter --target DIR --text PATH... --out DIR [--data corpus|greedy] [--init DRAFTER]
         a DFlash drafter for an existing target (new, or continuing from --init): by default on the target
         teacher-forced over windows of the given text files, or on its greedy continuations of prompts cut
@@ -1679,10 +1679,14 @@ def rebuild(cls, cfg, params):
     return nnx.merge(graphdef, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), jax.device_get(params)))
 
 
+PACK_SUMS = "pair.sha256"     # the parts' digests, written last
+
+
 def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
     """pair/ -> out/pair.tar.00, .01, ... (each <= part_bytes); `cat pair.tar.* | tar -x` restores it. The parts are
     written whole in a temporary sibling dir first: the previous ones are replaced (and those left over removed) only
-    once all the new ones are complete."""
+    once all the new ones are complete. out/pair.sha256 (`sha256sum -c` format) lists the parts: it is removed before
+    the first part is replaced and written again after the last, so a set that a crash left mixed has none."""
     if part_bytes < 1:
         raise ValueError(f"part_bytes must be >= 1, got {part_bytes}")
     with tempfile.TemporaryDirectory(prefix=".pair-parts-", dir=out) as tmp:
@@ -1696,11 +1700,14 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
         for i in range(0, len(data), part_bytes):
             new.append(tmp / f"pair.tar.{i // part_bytes:02d}")
             new[-1].write_bytes(data[i:i + part_bytes])
+        sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in new)
+        (out / PACK_SUMS).unlink(missing_ok=True)
         for p in new:
             os.replace(p, out / p.name)
         for old in out.glob("pair.tar.*"):
             if old.name not in {p.name for p in new}:
                 old.unlink()
+        write_atomic(out / PACK_SUMS, sums)
     return [out / p.name for p in new]
 
 
@@ -2069,7 +2076,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("pair", help="train the demo target + DFlash drafter end to end and evaluate them")
-    a.add_argument("--out", required=True, help="output dir: pair.tar.NN parts, results.json, loss PNGs")
+    a.add_argument("--out", required=True, help="output dir: pair.tar.NN parts, pair.sha256, results.json, loss PNGs")
     a.add_argument("--work", help="scratch dir for checkpoints and the unpacked pair (default: OUT/work)")
     a.add_argument("--time-budget-s", type=float, default=480,
                    help="wall-clock budget of all the phases, > 0 (default: %(default)s)")

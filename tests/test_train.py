@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sysconfig
 import time
@@ -1459,7 +1460,8 @@ def test_a_failed_export_or_pack_leaves_the_previous_one_whole(tmp_path, monkeyp
     out.mkdir()
     (pair / "a.bin").write_bytes(bytes(range(256)) * 40)
     parts = train.pack(pair, out, 4096)
-    was = {p.name: p.read_bytes() for p in parts}
+    was = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(was) == sorted([p.name for p in parts] + [train.PACK_SUMS])
     (pair / "a.bin").write_bytes(bytes(range(256)) * 80)
     write_bytes = Path.write_bytes
 
@@ -1472,10 +1474,23 @@ def test_a_failed_export_or_pack_leaves_the_previous_one_whole(tmp_path, monkeyp
         with pytest.raises(OSError, match="No space"):
             train.pack(pair, out, 4096)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == was
+    replace = os.replace
+
+    def dies_at_part_1(src, dst):                                # a crash between two renames: a mixed set ...
+        if Path(dst).name == "pair.tar.01":
+            raise KeyboardInterrupt
+        return replace(src, dst)
+    with monkeypatch.context() as m:
+        m.setattr(train.os, "replace", dies_at_part_1)
+        with pytest.raises(KeyboardInterrupt):
+            train.pack(pair, out, 4096)
+    assert not (out / train.PACK_SUMS).exists()                  # ... has no list of digests
     (pair / ".drafter.new-0123abcd").mkdir()                     # what a killed export leaves is not packed
     (pair / ".drafter.new-0123abcd" / "config.json").write_text("{}")
     parts = train.pack(pair, out, 4096)
-    assert len(parts) > len(was) and sorted(out.iterdir()) == parts
+    assert len(parts) > len(was) and sorted(out.iterdir()) == sorted(parts + [out / train.PACK_SUMS])
+    sums = subprocess.run(["sha256sum", "-c", train.PACK_SUMS], cwd=out, capture_output=True, text=True)
+    assert sums.returncode == 0 and sums.stdout.count(": OK") == len(parts), sums.stdout + sums.stderr
     import io
     import tarfile
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tf:

@@ -18,6 +18,7 @@
 #   ROUNDS="" (the build alone decides, ~3.5 min) unless there is time to spare.
 #   ROUNDS (default "base new") picks the rounds to time: "base" alone when the tree's rounds came from another call
 #   of the same lease (k_tdr_keys_gram.sh PART=rounds), "" for none.
+#   ENGINE_TESTS=0 skips 3 (when another call of the lease ran them).
 #   OUT=... bash bench/next/k_build_levels.sh     (writes $OUT/build-levels.tgz; CONFIG=tiny JAX_PLATFORMS=cpu dry
 #   run, which skips the GPU tests)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -39,7 +40,7 @@ rounds() {  # NAME
 }
 (cd _base && build base); build new; save
 for r in ${ROUNDS-base new}; do if [ $r = base ]; then (cd _base && rounds base); else rounds new; fi; save; done
-if [ "$JAX_PLATFORMS" != cpu ]; then
+if [ "$JAX_PLATFORMS" != cpu ] && [ "${ENGINE_TESTS:-1}" = 1 ]; then
   timeout 110 python -m pytest -q -rA -m gpu tests/test_kernels_engine.py -p no:cacheprovider \
     > $W/gpu-tests-engine.log 2>&1
   echo "engine tests rc=$? at $((SECONDS - START)) s"; tail -2 $W/gpu-tests-engine.log
