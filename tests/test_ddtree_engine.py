@@ -17,7 +17,7 @@ from jaxspec.engine import Engine
 from jaxspec.model import init_state
 from jaxspec.sampling import Sampling
 from oracle import OracleTree, reference
-from test_dflash import drafter_config
+from test_dflash import accepting_pair, drafter_config  # noqa: F401 (accepting_pair: a fixture)
 from test_lossless import _chi2_exceeds
 
 
@@ -37,14 +37,19 @@ def small_vocab(tmp_path_factory):
     return target, drafter
 
 
+@pytest.mark.parametrize("which", ["pair", "accepting_pair"])
 @pytest.mark.parametrize("budget", [1, 7, 30])
-def test_real_drafter_trees_equal_ar(pair, budget):
-    target, drafter = pair
+def test_real_drafter_trees_equal_ar(which, budget, request):
+    """The real (random) drafter's trees: the same tokens as AR; with `accepting_pair` (the target choosing among 3
+    tokens) where the trees' drafted tokens are accepted."""
+    target, drafter = request.getfixturevalue(which)
     rs = np.random.RandomState(budget)
     prompts = [rs.randint(0, 512, size=n).tolist() for n in (5, 23, 47)]
     ar = Engine(target).generate(prompts, 25).tokens
     out = Engine(target, DFlash(drafter, target.cfg, budget=budget)).generate(prompts, 25, rounds_per_call=4)
     assert out.tokens == ar
+    if which == "accepting_pair" and budget > 1:
+        assert out.tau > 1.1, (budget, out.tau)      # 1.38 at B = 7, 1.76 at 30 on this CPU
 
 
 def test_trees_selected_by_counting_equal_ar(pair, monkeypatch):
