@@ -1545,7 +1545,11 @@ def run_pair(args) -> int:
     # Once the drafter phase has a checkpoint the target is final: a rerun (a new deadline) that trained a target cut
     # short by its deadline further would have the resumed drafter continue against another target.
     restored = tr.restore()
-    if restored and newest_meta(work / "ckpt_drafter", "--out (or --work)") is not None:
+    drafter_begun = newest_meta(work / "ckpt_drafter", "--out (or --work)") is not None
+    if drafter_begun and not restored:     # a new target would only have the drafter's checkpoint refused after it
+        raise ConfigError(f"{work / 'ckpt_drafter'} holds a drafter trained against a target whose checkpoints are "
+                          f"not in {work / 'ckpt_target'}; pass a new --out (or --work) to start another pair")
+    if drafter_begun:
         log(f"target: kept at step {tr.step}/{tr.steps}: the drafter phase has begun (checkpoints in "
             f"{work / 'ckpt_drafter'}); pass a new --out (or --work) to train another target")
     else:

@@ -894,6 +894,20 @@ def test_pair_rerun_refuses_a_drafter_checkpoint_made_against_other_target_weigh
     assert "drafter: resumed" not in err
 
 
+def test_pair_rerun_refuses_a_drafter_checkpoint_whose_targets_checkpoints_are_gone(fast_pair, tmp_path, capsys):
+    """A drafter checkpoint without the target's checkpoints is refused at once (exit 2, naming both dirs), before a
+    new target is trained that the drafter's checkpoint would only be refused against."""
+    import shutil
+    out = _copy_of(fast_pair, tmp_path)
+    work = out / "work"
+    shutil.rmtree(work / "ckpt_target")
+    capsys.readouterr()
+    assert train.main([*FAST_PAIR, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{work / 'ckpt_drafter'} holds a drafter trained against a target whose checkpoints are not in " in err, err
+    assert "target: step" not in err and not [p for p in (work / "ckpt_target").iterdir() if p.name.isdigit()]
+
+
 def test_phase_ends_move_the_target_and_squeeze_the_rest():
     """--target-share: the default leaves PHASE_END as it is; a larger share ends the target there and keeps
     the later phases in order, in their proportions, before 0.95; out of range is refused."""
