@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 52 (bench/results/2026-12-05-h200-s52/build-levels/): build 0.558 -> 0.315 ms at B = 63,
+# 0.448 -> 0.301 at B = 64: kept.
 # #6 (nvidia-h200, one call, ~8 min): session 46's two unmeasured or partly measured changes, against _base/.
 #   The caller makes _base/ first (the tree before the build change, same kernels):
 #     mkdir _base && git archive 370c9b6 jaxspec pallas_kernels bench convert pyproject.toml ':!jaxspec/demo' \

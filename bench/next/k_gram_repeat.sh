@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 52 (bench/results/2026-12-05-h200-s52/gram-*): tests passed; means 20.67 (tree) against 20.75
+# (ieee) ms: tf32x3 kept.
 # #6 (nvidia-h200, two calls: PART=tests ~6.5 min, PART=rounds ~6.5 min): the tree delta rule's Gram product in
 # three tf32 passes, the default since session 50 on one run each (DDTree(63) round 20.32 against 20.88 ms with fp32
 # FMA tiles, DFlash 17.38 against 17.39; identical code spread 0.39 ms in DDTree(63) in that lease:

@@ -26,7 +26,9 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   H200 the op went from 47.6 / 57.5 to 46.2 / 57.3 us a layer at N = 64 / 65
   (bench/results/2026-12-05-h200-s49/call1-tdr-ops/), and the DDTree(63) round at 1K from 20.88 to 20.32 ms,
   the DFlash round unchanged (17.39 / 17.38; one run each in one lease, where identical code spread over
-  0.39 ms in DDTree(63): bench/results/2026-12-05-h200-s50/).
+  0.39 ms in DDTree(63): bench/results/2026-12-05-h200-s50/). Repeated alternately in session 52: 20.67 against
+  20.75 ms in the mean of two runs each, inside the spread, and its GPU tests pass
+  (bench/results/2026-12-05-h200-s52/).
 * `_prepare_kernel` (a program per batch row and value head) does the rest of what touches neither S0
   nor V: G = anc g, the decayed, masked tiles and the solve. Tb is built tile by tile by block forward
   substitution, the diagonal tiles' inverses by recursive doubling of their diagonal blocks (six [T, T] dots
