@@ -1,0 +1,49 @@
+"""What the benchmark CLIs share to refuse bad flags before any work: numbers in range, and output paths that can
+be written (checked at parse time, not after minutes of timing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def at_least(low: int, kind=int):
+    """An argparse `type` that takes numbers >= low (its message names the bound; argparse names the flag)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return v
+    parse.__name__ = f"{kind.__name__} >= {low}"
+    return parse
+
+
+def writable_file(ap: argparse.ArgumentParser, flag: str, path: str | None, *, must_not_exist: bool = False) -> None:
+    """The parser's error naming `flag` unless `path` can be written as a file: not a directory, in a directory
+    that exists (or can be made) and is writable, and, with must_not_exist, not there yet. None passes."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        ap.error(f"{flag} {path}: is a directory; name a file")
+    if must_not_exist and p.exists():
+        ap.error(f"{flag} {path}: exists; name a new file")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        ap.error(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        ap.error(f"{flag} {path}: {parent} is not writable")
+
+
+def write_json(path: str | Path, data) -> None:
+    """`data` as JSON at `path`, its parent made if missing, through a temporary sibling moved into place (an
+    interrupted or failed write leaves the previous file whole)."""
+    from jaxspec.files import write_atomic
+    write_atomic(path, json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,61 @@
+"""bench/cli.py: the flag checks the benchmark CLIs share."""
+
+import argparse
+import json
+import os
+
+import pytest
+
+from bench import cli
+
+
+def parser():
+    ap = argparse.ArgumentParser(prog="bench.x")
+    ap.add_argument("--k", type=cli.at_least(1), default=3)
+    ap.add_argument("--lr", type=cli.at_least(0, float), default=0.5)
+    return ap
+
+
+@pytest.mark.parametrize("argv, message", [(["--k", "0"], "--k: must be >= 1, got 0"),
+                                           (["--k", "x"], "--k: expected an integer, got 'x'"),
+                                           (["--lr", "-1"], "--lr: must be >= 0, got -1"),
+                                           (["--lr", "a"], "--lr: expected a number, got 'a'")])
+def test_at_least_names_the_flag_and_the_bound(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert parser().parse_args(["--k", "1", "--lr", "0"]).k == 1
+
+
+def test_writable_file(tmp_path, capsys, monkeypatch):
+    ap = parser()
+    cli.writable_file(ap, "--out", None)
+    cli.writable_file(ap, "--out", str(tmp_path / "new" / "deeper" / "r.json"))    # parents made when written
+    (tmp_path / "old.json").write_text("{}")
+    cli.writable_file(ap, "--out", str(tmp_path / "old.json"))
+    (tmp_path / "f").write_text("")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    cases = [((str(tmp_path),), {}, "is a directory"),
+             ((str(tmp_path / "old.json"),), {"must_not_exist": True}, "exists; name a new file"),
+             ((str(tmp_path / "f" / "r.json"),), {}, "is not a directory")]
+    for args, kw, message in cases:
+        with pytest.raises(SystemExit):
+            cli.writable_file(ap, "--out", *args, **kw)
+        err = capsys.readouterr().err
+        assert f"--out {args[0]}: " in err and message in err, err
+    # a dir the user cannot write (root can write anywhere, so its answer is the one os.access gives a user)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(locked) else access(p, mode))
+    with pytest.raises(SystemExit):
+        cli.writable_file(ap, "--out", str(locked / "r.json"))
+    assert f"--out {locked / 'r.json'}: {locked} is not writable" in capsys.readouterr().err
+
+
+def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "sub" / "r.json"
+    cli.write_json(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    with pytest.raises(TypeError):
+        cli.write_json(path, {"a": object()})               # fails while encoding: the old file stays
+    assert json.loads(path.read_text()) == {"a": 1} and sorted(p.name for p in path.parent.iterdir()) == ["r.json"]
