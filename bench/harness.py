@@ -13,6 +13,12 @@ One run measures, on whatever device JAX sees:
 Weights are random, generated on the device inside jit (no host copy of the 54 GB). To time decode at a
 context C the context is not prefilled: the state gets length C and a random KV cache, which is the same
 work. The result is one JSON file (`--out`); bench/results/ keeps the ones that matter.
+
+The result is written after each phase, each time whole (a temporary file moved into place), with "complete":
+false until the last phase is done and "complete": true then. A run never loses a finished earlier result: where
+--out already holds one (any file not marked "complete": false), the phases go to OUT.partial instead and --out
+is replaced only by a complete result (OUT.partial is then removed); a run that fails or is interrupted leaves the
+earlier --out whole and what it measured in OUT.partial.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ import numpy as np
 from flax import nnx
 
 from bench import profile
+from bench.cli import at_least, writable_file, write_json
 from jaxspec import model as M
-from jaxspec.config import FULL, LINEAR, TargetConfig, load_target_config, qwen36_27b
+from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.provenance import git_info
 from jaxspec.tree import chain
 from pallas_kernels import dispatch
@@ -630,7 +637,10 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, contex
     log(f"decode ctx={context}: step median {ms:.3f} ms (p10 {r['step']['p10_ms']:.3f}, p90 {r['step']['p90_ms']:.3f}),"
         f" pipelined {r['pipelined_ms']:.3f} ms; roofline {roof:.3f} ms -> x{ms / roof:.3f}")
 
-    if args.profile_steps and not past_deadline(args):
+    r["skipped"] = []                                 # optional phases left out by --deadline-s
+    if args.profile_steps and past_deadline(args):
+        r["skipped"].append("profile")
+    elif args.profile_steps:
         try:
             hlo = compiled.as_text()
             if dump is not None and context == args.contexts[0]:
@@ -648,7 +658,9 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, contex
             r["profile"] = dict(error=f"{type(e).__name__}: {e}")
             log(f"profile failed: {r['profile']['error']}")
 
-    if args.loop_steps and not past_deadline(args):
+    if args.loop_steps and past_deadline(args):
+        r["skipped"].append("device_loop")
+    elif args.loop_steps:
         loop, lct = compile_fn(make_decode_loop(graphdef, cfg, b, args.loop_steps), params, hold[0], hold[1],
                                donate=(1,))
 
@@ -742,37 +754,66 @@ def past_deadline(args) -> bool:
     return bool(args.deadline_s) and time.perf_counter() - _T0 > args.deadline_s
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and each flag's default after its help."""
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__, formatter_class=_Help)
     ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B), 'tiny', or a path to an HF config.json")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="weights' dtype")
+    ap.add_argument("--batch", type=at_least(1), default=1, help="sequences per decode step and per prefill")
     ap.add_argument("--init", default="leafwise", choices=("leafwise", "model"), help="how to make the random weights")
-    ap.add_argument("--contexts", default="1024,32768", help="comma-separated decode context lengths")
-    ap.add_argument("--prompt", type=int, default=1024, help="prefill prompt length (0: no prefill)")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=100, help="timed decode steps, synchronised each")
-    ap.add_argument("--pipelined", type=int, default=50, help="decode steps back to back, synchronised at the end")
-    ap.add_argument("--loop-steps", type=int, default=0, help="also time this many steps inside one jit "
+    ap.add_argument("--contexts", default="1024,32768", help="comma-separated decode context lengths ('': no decode, "
+                    "e.g. prefill and ceilings only)")
+    ap.add_argument("--prompt", type=at_least(0), default=1024, help="prefill prompt length (0: no prefill)")
+    ap.add_argument("--warmup", type=at_least(0), default=10, help="untimed decode steps before the timed ones")
+    ap.add_argument("--iters", type=at_least(1), default=100, help="timed decode steps, synchronised each")
+    ap.add_argument("--pipelined", type=at_least(1), default=50,
+                    help="decode steps back to back, synchronised at the end")
+    ap.add_argument("--loop-steps", type=at_least(0), default=0, help="also time this many steps inside one jit "
                     "(fori_loop), i.e. without host dispatch per step (0: no)")
-    ap.add_argument("--loop-iters", type=int, default=5, help="timed calls of the device loop")
-    ap.add_argument("--prefill-warmup", type=int, default=1)
-    ap.add_argument("--prefill-iters", type=int, default=5)
-    ap.add_argument("--copy-gib", type=float, default=4.0, help="copy-bandwidth buffer size")
-    ap.add_argument("--matmul-n", type=int, default=8192)
-    ap.add_argument("--ceiling-iters", type=int, default=20)
-    ap.add_argument("--profile-steps", type=int, default=0, help="decode steps to trace per context (0: none)")
+    ap.add_argument("--loop-iters", type=at_least(1), default=5, help="timed calls of the device loop")
+    ap.add_argument("--prefill-warmup", type=at_least(0), default=1, help="untimed prefills before the timed ones")
+    ap.add_argument("--prefill-iters", type=at_least(1), default=5, help="timed prefills")
+    ap.add_argument("--copy-gib", type=float, default=4.0, help="copy-bandwidth buffer size (GiB, > 0)")
+    ap.add_argument("--matmul-n", type=at_least(1), default=8192, help="size n of the n x n x n bf16 matmul ceiling")
+    ap.add_argument("--ceiling-iters", type=at_least(1), default=20,
+                    help="timed calls of each ceiling (copy, read, matmul)")
+    ap.add_argument("--profile-steps", type=at_least(0), default=0,
+                    help="decode steps to trace per context (0: none)")
     ap.add_argument("--breakdown", action="store_true", help="time attention / GDN / MLP / head alone "
                     "(at the largest context)")
-    ap.add_argument("--deadline-s", type=float, default=0, help="skip optional phases (profile, prefill, "
-                    "breakdown) once this many seconds have passed (0: never)")
+    ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="skip optional phases (each context's "
+                    "profile and device loop, prefill, breakdown) once this many seconds have passed, listing them "
+                    "in the result's 'skipped' (0: never)")
     ap.add_argument("--dump-dir", default=None, help="write the decode HLO and profile traces here")
-    ap.add_argument("--out", required=True, help="JSON result path (rewritten after each phase)")
+    ap.add_argument("--out", required=True, help="JSON result path, rewritten whole after each phase (see above: "
+                    "a finished earlier result there is replaced only by a complete one)")
     ap.add_argument("--log", default=None, help="also append the progress lines to this file")
     args = ap.parse_args(argv)
-    args.contexts = [int(c) for c in str(args.contexts).split(",") if c]
+    args.contexts = parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip(", ") else []
+    if not args.copy_gib > 0:
+        ap.error(f"--copy-gib: must be > 0, got {args.copy_gib}")
+    if args.breakdown and not args.contexts:
+        ap.error("--breakdown times the parts at the largest context: give --contexts")
+    writable_file(ap, "--out", args.out)
+    writable_file(ap, "--log", args.log)
+    if args.dump_dir is not None and Path(args.dump_dir).exists() and not Path(args.dump_dir).is_dir():
+        ap.error(f"--dump-dir {args.dump_dir}: not a directory")
+    try:
+        resolve_config(args.config, args.dtype)
+    except ConfigError as e:
+        ap.error(f"--config: {e}")
     return args
+
+
+def _partial(path: Path) -> bool:
+    """Whether `path` is a result this harness marked incomplete (a file it may overwrite before it completes)."""
+    try:
+        return json.loads(path.read_text()).get("complete") is False
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def main(argv=None) -> dict:
@@ -786,9 +827,11 @@ def main(argv=None) -> dict:
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Where --out holds a finished earlier result, the phases go to OUT.partial until this run completes.
+    keep = out_path.exists() and not _partial(out_path)
+    save_path = out_path.with_name(out_path.name + ".partial") if keep else out_path
     res = dict(
-        harness="bench.harness", config_name=name, config=dataclasses.asdict(cfg),
+        complete=False, harness="bench.harness", config_name=name, config=dataclasses.asdict(cfg),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **git_info(), sources=source_hashes(), machine=machine_info(), versions=versions(),
         settings={k: v for k, v in vars(args).items() if k not in ("out", "dump_dir", "log")},
@@ -803,8 +846,10 @@ def main(argv=None) -> dict:
         except Exception:  # not every backend reports memory
             pass
         res["wall_s"] = time.perf_counter() - _T0
-        out_path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        write_json(save_path, json.loads(json.dumps(res, default=str)))   # (default=str: any odd value as text)
 
+    if keep:
+        log(f"{out_path} holds an earlier result, replaced only when this run completes (until then: {save_path})")
     log(f"{name} on {res['machine']['device_kind']} ({res['machine']['platform']}), jax {jax.__version__}")
     res["copy_bandwidth"] = measure_copy(args.copy_gib, args.ceiling_iters)
     copy_tb_s = res["copy_bandwidth"]["tb_s"]
@@ -824,8 +869,9 @@ def main(argv=None) -> dict:
 
     res["decode"] = []
     for ctx in args.contexts:
-        res["decode"].append(run_decode(graphdef, cfg, params, pbytes, copy_tb_s,
-                                        res["copy_bandwidth"]["read_tb_s"], args, ctx, dump))
+        d = run_decode(graphdef, cfg, params, pbytes, copy_tb_s, res["copy_bandwidth"]["read_tb_s"], args, ctx, dump)
+        res["decode"].append(d)
+        res["skipped"] += [f"{what} ctx={ctx}" for what in d["skipped"]]
         save()
 
     if args.prompt:
@@ -845,7 +891,11 @@ def main(argv=None) -> dict:
                                              min(args.warmup, 5), max(args.iters // 2, 1))
             save()
 
+    res["complete"] = True
+    save_path = out_path
     save()
+    if keep:
+        out_path.with_name(out_path.name + ".partial").unlink(missing_ok=True)
     log("summary:")
     log(f"  copy {copy_tb_s:.3f} TB/s, matmul {res['matmul']['tflop_s']:.1f} TFLOP/s")
     for d in res["decode"]:

@@ -23,6 +23,8 @@ import re
 import shutil
 import tempfile
 
+from bench.cli import at_least, writable_file, write_json
+
 PARTS = ("embed", "attn", "gdn", "mlp", "norm", "head", "commit")
 _WEIGHT_PARTS = (("self_attn", "attn"), ("linear_attn", "gdn"), ("lm_head", "head"), ("embed_tokens", "embed"),
                  ("mlp", "mlp"), ("norm", "norm"))
@@ -221,13 +223,14 @@ def load_events(xplane: str, module: str | None = None,
                 device: int | None = None) -> tuple[list[tuple[float, float, str, str]], dict]:
     """(start_ns, duration_ns, kernel name, hlo_op) of the device kernels of `module` in start order (of
     device number `device` only, e.g. one GPU of a tensor-parallel trace); on a machine with no device
-    planes, the XLA thunks of the host CPU plane."""
+    planes, the XLA thunks of the host CPU plane. The dict holds the events per line and the names of all the
+    modules seen ("modules")."""
     from jax.profiler import ProfileData
     planes = list(ProfileData.from_file(xplane).planes)
     dev = [p for p in planes if p.name.startswith("/device:")
            and (device is None or p.name.rsplit(":", 1)[-1] == str(device))]
     info: dict = dict(lines={})
-    out = []
+    out, modules = [], set()
     for pl in dev or [p for p in planes if p.name == "/host:CPU"]:
         for ln in pl.lines:
             evs = list(ln.events)
@@ -241,10 +244,13 @@ def load_events(xplane: str, module: str | None = None,
                 op = st.get("hlo_op")
                 if op is None and not dev:
                     continue
+                if "hlo_module" in st:
+                    modules.add(str(st["hlo_module"]))
                 if module and "hlo_module" in st and module not in str(st["hlo_module"]):
                     continue
                 out.append((float(ev.start_ns), float(ev.duration_ns), str(ev.name), str(op or "")))
     out.sort()
+    info["modules"] = sorted(modules)       # every module the kernels (of `device`) belong to, `module` or not
     return out, info
 
 
@@ -318,21 +324,54 @@ def read_hlo(path: str) -> str:
         return f.read()
 
 
+def _refuse_unreadable(ap, xplane: str, hlo_path: str):
+    """(the trace's plane names, the HLO text), or the parser's error naming the file that cannot be read as one
+    (a missing file, a directory, the two swapped)."""
+    from jax.profiler import ProfileData
+    try:
+        planes = [p.name for p in ProfileData.from_file(xplane).planes]
+    except (RuntimeError, OSError) as e:
+        ap.error(f"xplane {xplane}: not a readable xplane.pb trace ({str(e).splitlines()[0][:200]}); "
+                 "the arguments are XPLANE HLO, in that order")
+    try:
+        hlo = read_hlo(hlo_path)
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        ap.error(f"hlo {hlo_path}: not a readable HLO text ({type(e).__name__}: {str(e)[:200]}); "
+                 "the arguments are XPLANE HLO, in that order")
+    if "HloModule" not in hlo:
+        ap.error(f"hlo {hlo_path}: no HloModule in it; the arguments are XPLANE HLO (optimized HLO text), "
+                 "in that order")
+    return planes, hlo
+
+
 def main(argv=None):
+    """The summary printed; with --json, written too, with the commit, the date and the machine that analysed it
+    (the trace's planes, which name its devices, beside them)."""
     ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("xplane")
+    ap.add_argument("xplane", help="the trace (.xplane.pb, e.g. from jax.profiler.trace or bench.harness --dump-dir)")
     ap.add_argument("hlo", help="optimized HLO text of the profiled module (.txt or .txt.gz)")
-    ap.add_argument("--steps", type=int, default=1, help="complete steps in the trace")
+    ap.add_argument("--steps", type=at_least(1), default=1, help="complete steps in the trace")
     ap.add_argument("--first-step", action="store_true", help="keep only the first step (up to the lm_head)")
-    ap.add_argument("--module", default=None)
-    ap.add_argument("--device", type=int, default=None,
+    ap.add_argument("--module", default=None, help="only the kernels of HLO modules whose name contains this "
+                    "(default: every module in the trace)")
+    ap.add_argument("--device", type=at_least(0), default=None,
                     help="only this device's kernels (a multi-GPU trace has one plane per GPU)")
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--top", type=at_least(0), default=25, help="longest kernels listed")
+    ap.add_argument("--json", default=None, help="write the summary here (with the commit, the machine and the date)")
     args = ap.parse_args(argv)
-    hlo = HloIndex(read_hlo(args.hlo))
-    events, _ = load_events(args.xplane, args.module, args.device)
+    writable_file(ap, "--json", args.json)
+    planes, text = _refuse_unreadable(ap, args.xplane, args.hlo)
+    devices = [p for p in planes if p.startswith("/device:")]
+    if args.device is not None and not any(p.rsplit(":", 1)[-1] == str(args.device) for p in devices):
+        ap.error(f"--device {args.device}: the trace has no such device plane; "
+                 + (f"its device planes: {', '.join(devices)}" if devices else
+                    f"it has none (its planes: {', '.join(planes)}; a host-only trace: leave --device out)"))
+    hlo = HloIndex(text)
+    events, info = load_events(args.xplane, args.module, args.device)
+    if args.module and not events:
+        ap.error(f"--module {args.module}: no kernels of such a module in the trace; its modules: "
+                 + (", ".join(info["modules"]) or "none named"))
     if args.first_step:
         events, args.steps = first_step(events, hlo), 1
     s = summarize(events, hlo, args.steps, args.top)
@@ -348,8 +387,15 @@ def main(argv=None):
         print(f"  {r['ms_per_step']:7.3f} ms x{r['count_per_step']:<4.0f} {r['part']:7s} {r['kernel'][:40]:40s} "
               f"{(r['op_name'] or '')[:70]}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(s, f, indent=1)
+        import datetime
+        import platform
+        import socket
+
+        from jaxspec.provenance import git_info
+        write_json(args.json, dict(s, xplane=args.xplane, hlo=args.hlo, steps=args.steps, module=args.module,
+                                   device=args.device, planes=planes, git=git_info(),
+                                   machine=dict(host=socket.gethostname(), python=platform.python_version()),
+                                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
     return s
 
 

@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import gzip
 import json
-import os
 import sys
 import time
 
@@ -32,11 +31,13 @@ import numpy as np
 from flax import nnx
 
 from bench import harness as H
+from bench.cli import at_least, writable_file, write_json
 from bench.profile import device_time
 from jaxspec import drafter as DR
 from jaxspec import model as M
 from jaxspec import mtp as MT
 from jaxspec import tree as trees
+from jaxspec.config import ConfigError
 from jaxspec.ddtree import build_tree
 from jaxspec.dflash import DFlash
 from jaxspec.drafter_config import DrafterConfig, qwen36_27b_dflash
@@ -123,31 +124,46 @@ def loop_is_graphed(spec) -> bool:
     return jax.default_backend() == "gpu" and bool(loop_compiler_options(spec))
 
 
+def positive_ints(ap, flag: str, text: str, example: str, empty_ok: bool = False) -> list[int]:
+    """Integers >= 1 from a comma-separated flag value (none only where empty_ok), or the parser's error naming it."""
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        ap.error(f"{flag} {text!r}: expected integers like {example}")
+    if (not values and not empty_ok) or min(values, default=1) < 1:
+        ap.error(f"{flag} {text!r}: expected integers >= 1 like {example}")
+    return values
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.rounds", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="tiny",
                     help="'real' (Qwen3.6-27B + z-lab drafter shape), 'demo' (the demo pair's shapes, "
-                         "jaxspec/demo) or 'tiny'")
+                         "jaxspec/demo), 'tiny' (default), or a model directory / config.json path (its target "
+                         "shape with the tiny drafter)")
     ap.add_argument("--context", default="1024",
                     help="committed tokens before the timed rounds; a comma list (1024,32768,131072) times every "
                          "phase at each, with one cache length (the largest) so each function compiles once")
-    ap.add_argument("--budgets", default="16,32,64,128,256,512", help="DDTree budgets for tree build timing")
+    ap.add_argument("--budgets", default="16,32,64,128,256,512",
+                    help="DDTree budgets for tree build timing (default: %(default)s; the ddtree group without "
+                         "--rounds-only)")
     ap.add_argument("--round-budget", default="64",
                     help="DDTree budget of the timed round; a comma list (63,64,79) times a round at each, in one "
                          "process (phases ddtree{B}_round)")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds per device loop call")
-    ap.add_argument("--ar-rounds", type=int, default=100,
+    ap.add_argument("--rounds", type=at_least(1), default=10, help="rounds per device loop call (default: %(default)s)")
+    ap.add_argument("--ar-rounds", type=at_least(1), default=100,
                     help="rounds per call of the AR device loop (default: %(default)s; Engine.generate runs a whole "
                          "generation in one call, so its fixed host work per call is spread over its tokens)")
-    ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing")
+    ap.add_argument("--k", type=at_least(1), default=20,
+                    help="back-to-back calls per phase timing (default: %(default)s)")
     ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time")
     ap.add_argument("--phases", default="ar,dflash,ddtree,mtp",
                     help="groups to time: ar (the AR device loop), dflash, ddtree, mtp; the AR step always runs")
     ap.add_argument("--rounds-only", action="store_true",
                     help="skip the standalone verify / accept+commit / tree-build timings (the whole rounds, the AR "
                          "step and the draft steps still run): about half the run time")
-    ap.add_argument("--max-len", type=int, default=None,
+    ap.add_argument("--max-len", type=at_least(1), default=None,
                     help="cache slots (default: room for long runs at every context). The reference attention "
                          "and the drafter read every slot, so a short generation's cost needs a short cache")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
@@ -166,6 +182,7 @@ def main(argv=None):
                          "(default 0: greedy); the standalone phases stay greedy")
     ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
     args = ap.parse_args(argv)
+    writable_file(ap, "--out", args.out)
     try:
         fields = [float(f) for f in args.sampling.split(",")]
         if len(fields) > 3 or (len(fields) > 1 and fields[1] != int(fields[1])):
@@ -182,32 +199,38 @@ def main(argv=None):
         ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
                  "choose from ar,dflash,ddtree,mtp")
 
-    if args.config == "demo":
-        # The demo pair's shapes (jaxspec/demo: the trained target and drafter's configs; random weights).
-        from jaxspec.drafter_config import load_drafter_config
-        from jaxspec.generate import demo_dir
-        _, cfg = H.resolve_config(str(demo_dir() / "target" / "config.json"), args.dtype)
-        dcfg = load_drafter_config(demo_dir() / "drafter" / "config.json", dtype=args.dtype)
-    else:
-        _, cfg = H.resolve_config(args.config, args.dtype)
-        dcfg = qwen36_27b_dflash(args.dtype) if args.config == "real" else tiny_drafter(cfg)
-    budgets = [int(b) for b in args.budgets.split(",") if b]
     try:
-        round_budgets = [int(b) for b in args.round_budget.split(",") if b]
-    except ValueError:
-        ap.error(f"--round-budget {args.round_budget!r}: expected budgets like 64 or 63,64,79")
-    if not round_budgets or min(round_budgets) < 1:
-        ap.error(f"--round-budget {args.round_budget!r}: expected budgets >= 1")
+        if args.config == "demo":
+            # The demo pair's shapes (jaxspec/demo: the trained target and drafter's configs; random weights).
+            from jaxspec.drafter_config import load_drafter_config
+            from jaxspec.generate import demo_dir
+            _, cfg = H.resolve_config(str(demo_dir() / "target" / "config.json"), args.dtype)
+            dcfg = load_drafter_config(demo_dir() / "drafter" / "config.json", dtype=args.dtype)
+        else:
+            _, cfg = H.resolve_config(args.config, args.dtype)
+            dcfg = qwen36_27b_dflash(args.dtype) if args.config == "real" else tiny_drafter(cfg)
+    except ConfigError as e:
+        ap.error(f"--config {args.config!r}: {e}")
+    budgets = positive_ints(ap, "--budgets", args.budgets, "16 or 16,32,64", empty_ok=True)
+    round_budgets = positive_ints(ap, "--round-budget", args.round_budget, "64 or 63,64,79")
+    mtp_tokens = positive_ints(ap, "--mtp-tokens", args.mtp_tokens, "1 or 1,3,5", empty_ok=True)
     bs = dcfg.block_size
     contexts = H.parse_contexts(ap, "--context", args.context)
-    # Room for the timed calls: k commits of up to a block each, the rounds, the largest tree.
-    need = max(contexts) + (args.k + 1) * bs + args.rounds * (max(round_budgets + [bs] + budgets) + 1) + 2
+    # Room for the timed calls past the longest context, the most any one of them takes (each starts from a fresh
+    # state at the context). The tree build timings (--budgets) read only the drafter's logits, not the cache.
+    room = {"the AR step's 3 + 5 x --k calls": 3 + 5 * args.k}
+    trees_used = ([bs] if groups & {"dflash", "ddtree"} else []) + (round_budgets if "ddtree" in groups else []) \
+        + ([max(mtp_tokens)] if "mtp" in groups and mtp_tokens else [])
+    if trees_used:        # k commits of up to a block each, the rounds of the largest tree run
+        room[f"(--k + 1) blocks of {bs} + --rounds x (largest tree {max(trees_used)} + 1)"] = \
+            (args.k + 1) * bs + args.rounds * (max(trees_used) + 1)
     if "ar" in groups:    # the AR loop's calls (H.engine_rounds: 2 untimed + 4 x (1 + 4) timed) commit a token a round
-        need = max(need, max(contexts) + 22 * args.ar_rounds + 2)
+        room["the AR loop's 22 calls x --ar-rounds"] = 22 * args.ar_rounds
+    need = max(contexts) + 2 + max(room.values())
     max_len = args.max_len or max(max(contexts) + 64 * args.rounds * 8 + 1100, need)
     if max_len < need:
-        ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context + (k + 1) blocks + rounds x "
-                 f"largest tree)")
+        ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context {max(contexts)} + 2 + the most "
+                 f"of: {'; '.join(f'{what} = {n}' for what, n in room.items())})")
     result = dict(kind="rounds", config=args.config, context=contexts[0] if len(contexts) == 1 else contexts,
                   max_len=max_len, block_size=bs, sampling=dataclasses.asdict(sampling), git=H.git_info(),
                   machine=H.machine_info(), versions=H.versions(),
@@ -239,9 +262,7 @@ def main(argv=None):
             else:
                 result.setdefault("ratios", {})[str(ctx)] = ratios
         if args.out:
-            with open(args.out + ".tmp", "w") as f:
-                json.dump(result, f, indent=1)
-            os.replace(args.out + ".tmp", args.out)
+            write_json(args.out, result)
 
     log(f"devices {jax.devices()}")
     result["copy"] = H.measure_copy(2.0 if args.config == "real" else 0.01, 5)
@@ -448,7 +469,7 @@ def main(argv=None):
                 return jnp.einsum("bd,dv->bv", o[:, 0], t.unembedding())
             ph["mtp_step"] = back_to_back(memo("mtp_step", lambda: jax.jit(mtp_step)), (hp, tp, mc, pending), args.k)
             log(f"mtp_step {ph['mtp_step']}")
-            for k in [int(x) for x in args.mtp_tokens.split(",") if x]:
+            for k in mtp_tokens:
                 spec = memo(f"mtp{k}", lambda k=k: MT.MTP(head, cfg, k))
                 mc = random_mtp_cache(cfg, spec.tree_size, 1, max_len, ctx)
                 propose = memo(f"mtp_propose{k}", lambda spec=spec: jax.jit(

@@ -22,8 +22,11 @@ Five parts, each in its own process so that each starts with the whole GPU (the 
 Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
 context), the ratio to the roofline (weight bytes / 4.30 TB/s; 11.9 ms at the real shape, DESIGN.md section
 5) and the tokens/s the rounds imply at --tau (default 9.18: z-lab's HumanEval acceptance length for
-Qwen3.5-27B + DFlash). A part that fails or runs out of --deadline-s leaves its rows "not measured" and the
-command exits 1; the parts already done stay in DIR.
+Qwen3.5-27B + DFlash). Only parts that succeed in this run give rows: a part that fails or runs out of
+--deadline-s leaves its rows "not measured" (its JSON from an earlier run in DIR is deleted before the parts start)
+and the command exits 1; the parts already done stay in DIR. DIR must be new, empty, or an earlier table's
+(nothing but its JSONs, logs and table.*). Only --config tiny times the CPU-sized kernels (a small vocabulary, one
+layer); 'real' or a config.json path, the real ones.
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import parse_contexts
+from bench.cli import at_least, write_json
+from bench.harness import parse_contexts, resolve_config
+from jaxspec.config import ConfigError
+from jaxspec.files import write_atomic
 from pallas_kernels import dispatch
 
 GOALS = {  # issue #6, at 1K context on one H200
@@ -52,6 +58,8 @@ GOALS = {  # issue #6, at 1K context on one H200
     "prefill_of_matmul": (">=", 0.50, "of matmul"),
 }
 PARTS = ("rounds", "attention", "prefill", "verify", "delta_rule")
+JSONS = dict(rounds="rounds.json", attention="tree_attention.json", prefill="harness.json", verify="verify.json",
+             delta_rule="delta_rule.json")
 GOAL_CONTEXT = 1024           # the round goals' context
 ATTENTION_GOAL_PREFIX = 131072  # the tree-attention goal's prefix
 
@@ -211,7 +219,8 @@ def markdown(table: dict, head: str) -> str:
         return f"{x:.3f}" if unit == "x" else f"{x:.2f} {unit}"
 
     roof = table["roofline_ms"]
-    intro = (f"Roofline {roof:.4g} ms (weight bytes / 4.30 TB/s)" if roof else "No roofline (the rounds part did not run)")
+    intro = (f"Roofline {roof:.4g} ms (weight bytes / 4.30 TB/s)" if roof else
+             "No roofline (the rounds part did not run or failed)")
     lines = [head, "", f"{intro}; tokens/s at tau = {table['tau']} for the rounds, 1 / step for AR.", "",
              "| row | context | value | goal (at 1K) | met | x roofline | tok/s |",
              "| --- | ---: | ---: | --- | --- | ---: | ---: |"]
@@ -224,31 +233,74 @@ def markdown(table: dict, head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_out(ap: argparse.ArgumentParser, path: str) -> None:
+    """The parser's error unless --out can hold the table: a new directory (its nearest existing parent writable),
+    or an existing writable one holding nothing but an earlier table's files (the parts' JSONs and logs, table.*)."""
+    ours = {*JSONS.values(), *(f"{name}.log" for name in PARTS), "table.json", "table.md"}
+    p = Path(path)
+    if not p.is_dir():
+        if p.exists():
+            ap.error(f"--out {path}: is a file; name a directory")
+        parent = p.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            ap.error(f"--out {path}: {parent} is not a directory")
+        p = parent
+    elif others := sorted(f.name for f in p.iterdir() if f.name not in ours):
+        ap.error(f"--out {path}: holds files that are not an earlier table's ({', '.join(others[:3])}"
+                 f"{', ...' if len(others) > 3 else ''}); name a new or empty directory, or an earlier table's")
+    if not os.access(p, os.W_OK | os.X_OK):
+        ap.error(f"--out {path}: {p} is not writable")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.table", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--contexts", default="1024,32768,131072", help="committed tokens of the round phases")
-    ap.add_argument("--budget", type=int, default=64, help="DDTree budget B (verify and round of B + 1 nodes)")
-    ap.add_argument("--prefill", type=int, default=8192, help="prompt tokens of the prefill (0: skip)")
-    ap.add_argument("--attention-prefix", type=int, default=0,
-                    help="prefix of the tree-attention kernel timing (default: the longest context; -1: skip)")
-    ap.add_argument("--k", type=int, default=20, help="back-to-back calls per phase timing (bench.rounds)")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds per device-loop call (bench.rounds)")
-    ap.add_argument("--ar-rounds", type=int, default=100, help="rounds per call of the AR device loop (bench.rounds)")
-    ap.add_argument("--tau", type=float, default=9.18, help="acceptance length for the tokens/s column")
-    ap.add_argument("--parts", default=",".join(PARTS), help="which parts to run (comma-separated, default: all)")
-    ap.add_argument("--deadline-s", type=float, default=0, help="stop starting parts after this many seconds, and "
-                    "cut the running one there (0: no limit)")
-    ap.add_argument("--out", required=True, help="directory for the parts' JSONs and logs, table.md, table.json")
+    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape), a model directory "
+                    "or config.json (its shape; the kernels at their real sizes) or 'tiny' (CPU-sized, the kernels "
+                    "too; default: %(default)s)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="default: %(default)s")
+    ap.add_argument("--contexts", default="1024,32768,131072",
+                    help="committed tokens of the round phases (default: %(default)s)")
+    ap.add_argument("--budget", type=at_least(1), default=64,
+                    help="DDTree budget B (verify and round of B + 1 nodes; default: %(default)s)")
+    ap.add_argument("--prefill", type=at_least(0), default=8192,
+                    help="prompt tokens of the prefill (0: skip; default: %(default)s)")
+    ap.add_argument("--attention-prefix", type=at_least(-1), default=0,
+                    help="prefix of the tree-attention kernel timing (default 0: the longest context; -1: skip)")
+    ap.add_argument("--k", type=at_least(1), default=20,
+                    help="back-to-back calls per phase timing (bench.rounds; default: %(default)s)")
+    ap.add_argument("--rounds", type=at_least(1), default=10,
+                    help="rounds per device-loop call (bench.rounds; default: %(default)s)")
+    ap.add_argument("--ar-rounds", type=at_least(1), default=100,
+                    help="rounds per call of the AR device loop (bench.rounds; default: %(default)s)")
+    ap.add_argument("--tau", type=at_least(0, float), default=9.18,
+                    help="acceptance length for the tokens/s column (default: %(default)s)")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="which parts to run (comma-separated; default: all, %(default)s)")
+    ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="stop starting parts after this many "
+                    "seconds, and cut the running one there (default 0: no limit)")
+    ap.add_argument("--out", required=True,
+                    help="directory for the parts' JSONs and logs, table.md, table.json: new, empty, or an earlier "
+                         "table's (nothing else in it; the parts run now replace their files, the table shows only "
+                         "this run's)")
     args = ap.parse_args(argv)
     parts = {p for p in args.parts.split(",") if p}
+    if not parts:
+        ap.error(f"--parts {args.parts!r}: names no part; choose from {','.join(PARTS)}")
     if parts - set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
     contexts = parse_contexts(ap, "--contexts", args.contexts)
+    try:
+        resolve_config(args.config, args.dtype)
+    except ConfigError as e:
+        ap.error(f"--config {args.config!r}: {e}")
+    check_out(ap, args.out)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for name in parts:           # an earlier run's JSON is never read as this run's
+        (out / JSONS[name]).unlink(missing_ok=True)
     t0 = time.perf_counter()
     left = lambda: (args.deadline_s - (time.perf_counter() - t0)) if args.deadline_s else 1e9
     ran = {}
@@ -266,29 +318,31 @@ def main(argv=None) -> int:
     part("rounds", ["bench.rounds", "--config", args.config, "--dtype", args.dtype, "--context", args.contexts,
                     "--phases", "ar,dflash,ddtree", "--budgets", str(args.budget), "--round-budget", str(args.budget),
                     "--k", str(args.k), "--rounds", str(args.rounds), "--ar-rounds", str(args.ar_rounds),
-                    "--out", str(out / "rounds.json")])
+                    "--out", str(out / JSONS["rounds"])])
     on_gpu = _default_backend() == "gpu"
+    small = args.config == "tiny"             # a CPU-sized run: a small vocabulary, one layer, the jnp ops
     part("attention", ["pallas_kernels.tree_attention.bench", "--prefixes", str(prefix),
-                       "--sizes", f"1,{args.budget + 1}", "--json", str(out / "tree_attention.json")]
+                       "--sizes", f"1,{args.budget + 1}", "--json", str(out / JSONS["attention"])]
          + (["--no-reference"] if on_gpu else []))
     part("prefill", ["bench.harness", "--config", args.config, "--dtype", args.dtype, "--contexts", "",
                      "--prompt", str(args.prefill), "--prefill-iters", "3", "--ceiling-iters", "10",
-                     "--out", str(out / "harness.json")] + ([] if args.config == "real" else
-                                                          ["--copy-gib", "0.01", "--matmul-n", "256"]))
-    small = args.config != "real"             # a CPU-sized run: a small vocabulary, one layer, the jnp ops
-    part("verify", ["pallas_kernels.verify.bench", "--rows", str(args.budget + 1), "--json", str(out / "verify.json")]
+                     "--out", str(out / JSONS["prefill"])] + (["--copy-gib", "0.01", "--matmul-n", "256"] if small
+                                                               else []))
+    part("verify", ["pallas_kernels.verify.bench", "--rows", str(args.budget + 1), "--json", str(out / JSONS["verify"])]
          + (["--impls", "pallas_triton"] if on_gpu else []) + (["--vocab", "4096", "--iters", "3"] if small else []))
-    part("delta_rule", ["pallas_kernels.tree_delta_rule.bench", "--sizes", f"16,{args.budget + 1}",  # a DFlash block, a tree
-                        "--json", str(out / "delta_rule.json")] + (["--impls", "pallas_triton"] if on_gpu else [])
+    # The tree delta rule at a DFlash block and at the tree.
+    part("delta_rule", ["pallas_kernels.tree_delta_rule.bench", "--sizes", f"16,{args.budget + 1}",
+                        "--json", str(out / JSONS["delta_rule"])] + (["--impls", "pallas_triton"] if on_gpu else [])
          + (["--layers", "1", "--iters", "2", "--impls", "xla"] if small and not on_gpu else []))
 
-    rounds = load(out / "rounds.json")
-    block = (rounds or {}).get("block_size", 16)
-    table = compose(rounds, load(out / "tree_attention.json"), load(out / "harness.json"), budget=args.budget,
-                    block=block, tau=args.tau, real=args.config == "real", verify=load(out / "verify.json"),
-                    delta_rule=load(out / "delta_rule.json"))
-    git = (rounds or {}).get("git") or {}
-    machine = (rounds or {}).get("machine") or {}
+    # Only what succeeded in this run; rounds that did not: their rows at each context, not measured.
+    got = {name: load(out / JSONS[name]) if ran.get(name, {}).get("rc") == 0 else None for name in PARTS}
+    rounds = got["rounds"] or ({"contexts": {str(c): {} for c in contexts}} if "rounds" in ran else None)
+    block = rounds.get("block_size", 16) if rounds else 16
+    table = compose(rounds, got["attention"], got["prefill"], budget=args.budget, block=block, tau=args.tau,
+                    real=args.config == "real", verify=got["verify"], delta_rule=got["delta_rule"])
+    meta = next((p for p in got.values() if p and p.get("machine")), {})    # the first part that ran records them
+    git, machine = meta.get("git") or {}, meta.get("machine") or {}
     flags = dispatch.flags()                         # the parts inherit this environment
     table.update(parts=ran, config=args.config, dtype=args.dtype, contexts=contexts, git=git, machine=machine,
                  flags=flags, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -297,10 +351,11 @@ def main(argv=None) -> int:
             f"`python -m bench.table {' '.join(argv if argv is not None else sys.argv[1:])}`; "
             + (f"with {', '.join(f'{k}={v}' for k, v in flags.items())}." if flags else
                "no JAXSPEC_* flags (every op on its default implementation)."))
-    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
-    (out / "table.md").write_text(markdown(table, head))
+    write_json(out / "table.json", table)
+    md = markdown(table, head)
+    write_atomic(out / "table.md", md)
     log(f"wrote {out / 'table.md'}")
-    print((out / "table.md").read_text())
+    print(md)
     failed = [n for n, r in ran.items() if r.get("rc") != 0]
     if failed:
         log(f"parts not completed: {failed} (their logs are in {out})")

@@ -4,11 +4,15 @@ parts (attention, GDN, MLP, ...), as `bench.harness --profile-steps` does for th
 GDN state rebuild of bench.rounds' accept_commit phase).
 
     python -m bench.verify_profile --config real --nodes 65 --tree --out DIR [--commit]
+
+The summary (with the commit, the machine and the date) goes to DIR/<phase>-<tree|chain><N>.json with --out, else
+to stdout, whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import json
 import re
@@ -19,9 +23,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bench import harness as H
+from bench.cli import at_least, writable_file, write_json
 from bench.rounds import random_params
 from jaxspec import model as M
 from jaxspec import tree as trees
+from jaxspec.config import ConfigError
 from jaxspec.ddtree import build_tree
 from jaxspec.engine import accept
 from jaxspec.sampling import Sampling, choose
@@ -30,20 +36,30 @@ from jaxspec.sampling import Sampling, choose
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.verify_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="tiny")
-    ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--nodes", type=int, default=65)
+    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B), 'tiny', or a path to an HF config.json")
+    ap.add_argument("--context", type=at_least(0), default=1024, help="committed tokens before the verified nodes")
+    ap.add_argument("--nodes", type=at_least(1), default=65, help="nodes verified (tree or chain size)")
     ap.add_argument("--tree", action="store_true", help="a DDTree-shaped tree (default: a chain)")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=at_least(1), default=2, help="calls traced (the summary is per call)")
     ap.add_argument("--commit", action="store_true", help="profile accept + commit after the verify, not the verify")
-    ap.add_argument("--out", default=None, help="directory for the summary JSON and text")
+    ap.add_argument("--out", default=None, help="directory for the summary JSON (default: print it)")
     ap.add_argument("--hlo", action="store_true", help="also write the optimized HLO (gzipped) to --out, to read "
                     "what a fusion in the summary computes")
     args = ap.parse_args(argv)
-    _, cfg = H.resolve_config(args.config, "bfloat16")
+    if args.hlo and not args.out:
+        ap.error("--hlo needs --out")
+    n = args.nodes
+    name = f"{'commit' if args.commit else 'verify'}-{'tree' if args.tree else 'chain'}{n}"
+    if args.out is not None:
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            ap.error(f"--out {args.out}: not a directory")
+        writable_file(ap, "--out", str(Path(args.out) / f"{name}.json"))
+    try:
+        _, cfg = H.resolve_config(args.config, "bfloat16")
+    except ConfigError as e:
+        ap.error(f"--config: {e}")
     model = random_params(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0)), 0)
     gd, tp = nnx.split(model)
-    n = args.nodes
     if args.tree:
         logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(1), (1, 15, cfg.vocab_size)), -1)
         t = build_tree(logp, jnp.ones((1,), jnp.int32), n - 1)
@@ -71,19 +87,18 @@ def main(argv=None):
     mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
     res = H.profile_steps(lambda: compiled(*fargs), args.steps, mod.group(1) if mod else tag, hlo, None, tag)
     res.update(config=args.config, phase=tag, nodes=n, tree=args.tree, context=args.context, compile=ct,
-               git=H.git_info(), machine=H.machine_info())
-    text = json.dumps(res, indent=1, default=str)
-    if args.hlo and not args.out:
-        ap.error("--hlo needs --out")
+               git=H.git_info(), machine=H.machine_info(),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    res = json.loads(json.dumps(res, default=str))
+    print(json.dumps(res, indent=1))
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"{'commit' if args.commit else 'verify'}-{'tree' if args.tree else 'chain'}{n}"
-        (out / f"{name}.json").write_text(text)
+        write_json(out / f"{name}.json", res)
         if args.hlo:
             with gzip.open(out / f"{name}.hlo.txt.gz", "wt") as f:
                 f.write(hlo)
-    print(text[:6000])
+        print(f"wrote {out / f'{name}.json'}")
+    return res
 
 
 if __name__ == "__main__":

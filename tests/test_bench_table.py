@@ -168,3 +168,103 @@ def test_bad_contexts_are_refused_by_name(tmp_path, capsys, bad):
     with pytest.raises(SystemExit):
         table.main(["--contexts", bad, "--out", str(tmp_path)])
     assert "--contexts" in capsys.readouterr().err
+
+
+_JSONS = dict(rounds="rounds.json", attention="tree_attention.json", prefill="harness.json", verify="verify.json",
+              delta_rule="delta_rule.json")
+
+
+def _fake_parts(monkeypatch, results: dict):
+    """table.run_part replaced: each part named in `results` gives (rc, JSON it writes or None); the commands are
+    recorded by part. Any other part fails the test."""
+    ran = {}
+
+    def run_part(name, cmd, out, timeout):
+        ran[name] = cmd
+        rc, data = results[name]
+        if data is not None:
+            (out / _JSONS[name]).write_text(json.dumps(data))
+        return dict(command=["python", "-m", *cmd], rc=rc, seconds=0.0)
+    monkeypatch.setattr(table, "run_part", run_part)
+    return ran
+
+
+def test_only_parts_that_succeed_in_this_run_give_rows(tmp_path, monkeypatch):
+    """An earlier table's DIR: its parts' JSONs (another context, another commit and card) never show in the new
+    table. The rounds part fails now: its rows at the new context are "not measured" and its old JSON is gone; the
+    verify part succeeds: its new rows; the parts not run now: no rows."""
+    old = dict(git={"commit": "stale00"}, machine={"device_kind": "OldCard"})
+    (tmp_path / "rounds.json").write_text(json.dumps(_rounds() | {"contexts": {"64": _rounds()["contexts"]["1024"]}}
+                                                     | old))
+    (tmp_path / "verify.json").write_text(json.dumps(old | {"copy_bytes_per_s": 1e12, "rows": [
+        {"rows": 5, "temperature": 0.0, "impl": "xla", "us": 999.0, "frac_of_copy": 0.9, "bytes_per_s": 0.9e12}]}))
+    (tmp_path / "delta_rule.json").write_text(json.dumps(old | {"copy_bytes_per_s": 1e12, "rows": [
+        {"n": 16, "impl": "xla", "device_us_per_layer": 7.0, "frac_of_copy": 0.1, "bytes_per_s": 0.1e12}]}))
+    (tmp_path / "table.json").write_text("{}")
+    verify = dict(git={"commit": "new1111"}, machine={"device_kind": "cpu"}, copy_bytes_per_s=1e12, rows=[
+        {"rows": 5, "temperature": 0.0, "impl": "xla", "us": 3.0, "frac_of_copy": 0.2, "bytes_per_s": 0.2e12}])
+    _fake_parts(monkeypatch, {"rounds": (1, None), "verify": (0, verify)})
+    assert table.main(["--contexts", "128", "--budget", "4", "--parts", "rounds,verify", "--out", str(tmp_path)]) == 1
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert {r["context"] for r in t["rows"]} == {128, None}
+    assert all(r["value"] is None for r in t["rows"] if r["context"] == 128)
+    assert {r["value"] for r in t["rows"] if r["row"].startswith("verify (xla)")} == {0.2, 3.0}
+    assert not any("delta rule" in r["row"] for r in t["rows"])
+    md = (tmp_path / "table.md").read_text()
+    assert "stale00" not in md and "OldCard" not in md and "Commit new1111, cpu" in md and "No roofline" in md
+    assert not (tmp_path / "rounds.json").exists()
+
+
+def test_only_the_tiny_config_times_cpu_sized_kernels(tmp_path, monkeypatch):
+    """A config.json path runs the kernels at their real sizes (was: the tiny config's vocabulary of 4096)."""
+    from jaxspec.generate import demo_dir
+    ran = _fake_parts(monkeypatch, {p: (0, None) for p in table.PARTS})
+    for config, small in ((str(demo_dir() / "target" / "config.json"), False), ("tiny", True)):
+        table.main(["--config", config, "--contexts", "64", "--out", str(tmp_path / config.replace("/", "_"))])
+        assert ran["rounds"][ran["rounds"].index("--config") + 1] == config
+        assert ("--vocab" in ran["verify"]) is small and ("--copy-gib" in ran["prefill"]) is small
+        assert ("--layers" in ran["delta_rule"]) is small
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parts", ""], "--parts '': names no part"),                           # was: nothing run, exit 0
+    (["--parts", ","], "names no part"),
+    (["--budget", "-1"], "--budget: must be >= 1"),
+    (["--budget", "0"], "--budget: must be >= 1"),
+    (["--k", "0"], "--k: must be >= 1"),
+    (["--rounds", "0"], "--rounds: must be >= 1"),
+    (["--ar-rounds", "0"], "--ar-rounds: must be >= 1"),
+    (["--prefill", "-1"], "--prefill: must be >= 0"),
+    (["--config", "no/such/model"], "--config 'no/such/model': "),
+])
+def test_bad_flags_are_refused_before_any_part(tmp_path, monkeypatch, capsys, argv, message):
+    _fake_parts(monkeypatch, {})
+    with pytest.raises(SystemExit) as e:
+        table.main(argv + ["--out", str(tmp_path / "new")])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_out_is_a_new_or_empty_directory_or_an_earlier_tables(tmp_path, monkeypatch, capsys):
+    """--out: a file (was: FileExistsError), or a directory holding other files, is refused at parse time; an
+    earlier table's directory is reused."""
+    _fake_parts(monkeypatch, {"verify": (0, None)})
+    (tmp_path / "f").write_text("")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    for out, message in ((tmp_path / "f", "is a file; name a directory"),
+                         (tmp_path / "f" / "d", f"{tmp_path / 'f'} is not a directory"),
+                         (tmp_path / "mine", "holds files that are not an earlier table's (notes.txt)")):
+        with pytest.raises(SystemExit) as e:
+            table.main(["--parts", "verify", "--out", str(out)])
+        assert e.value.code == 2 and f"--out {out}: {message}" in capsys.readouterr().err
+    assert table.main(["--parts", "verify", "--out", str(tmp_path / "t")]) == 0
+    assert table.main(["--parts", "verify", "--out", str(tmp_path / "t")]) == 0          # an earlier table's
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["table.json", "table.md"]
+
+
+def test_help_says_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        table.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "default: 64" in out and "default: 20" in out and "default: 100" in out and "default: tiny" in out

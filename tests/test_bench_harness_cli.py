@@ -1,0 +1,180 @@
+"""The flags of bench.harness, bench.verify_profile and bench.profile: nonsense refused at parse time (before any
+timing) in one line, results that say when and where they were made, and a rerun that never destroys a finished
+result (tiny config, CPU)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bench import harness, profile, verify_profile
+
+# Everything small: where a check is missing, the run finishes in seconds and the test fails on its result.
+SMALL = ["--config", "tiny", "--copy-gib", "0.001", "--matmul-n", "64", "--ceiling-iters", "1", "--warmup", "0",
+         "--iters", "1", "--pipelined", "1", "--prefill-warmup", "0", "--prefill-iters", "1", "--prompt", "0"]
+
+
+def _refused(main, argv, flag, capsys):
+    """main(argv) stops at the parser (exit 2) with one error line naming `flag`."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert "error:" in line and flag in line, err
+    assert "Traceback" not in err
+    return line
+
+
+@pytest.mark.parametrize("bad, flag", [(["--contexts", "-5"], "--contexts"), (["--contexts", "abc"], "--contexts"),
+                                       (["--batch", "0"], "--batch"), (["--prompt", "-3"], "--prompt"),
+                                       (["--iters", "0"], "--iters"), (["--copy-gib", "0"], "--copy-gib"),
+                                       (["--breakdown", "--contexts", ""], "--breakdown"),
+                                       (["--config", "nosuch"], "--config"), (["--out", "DIR"], "--out")])
+def test_harness_refuses_nonsense_before_timing(tmp_path, capsys, bad, flag):
+    out = tmp_path / "h.json"
+    bad = [str(tmp_path) if a == "DIR" else a for a in bad]
+    _refused(harness.main, SMALL + ["--contexts", "16", "--out", str(out)] + bad, flag, capsys)
+    assert not out.exists()
+
+
+def test_harness_rerun_keeps_a_finished_result(tmp_path, monkeypatch):
+    """A rerun that fails leaves the earlier result whole and its own phases in OUT.partial, marked incomplete; a
+    rerun that completes replaces it (complete: true) and removes OUT.partial. Without an earlier result, the
+    failed run's file says it is incomplete."""
+    good = tmp_path / "good.json"
+    earlier = dict(harness="bench.harness", decode=[dict(context=1024)], prefill=dict(prompt=8))
+    good.write_text(json.dumps(earlier))
+    partial = tmp_path / "good.json.partial"
+
+    def boom(*a, **k):
+        raise RuntimeError("prefill failed")
+    monkeypatch.setattr(harness, "run_prefill", boom)
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        harness.main(SMALL + ["--contexts", "16", "--prompt", "8", "--out", str(good)])
+    assert json.loads(good.read_text()) == earlier
+    p = json.loads(partial.read_text())
+    assert p["complete"] is False and [d["context"] for d in p["decode"]] == [16] and "prefill" not in p
+
+    fresh = tmp_path / "fresh.json"
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        harness.main(SMALL + ["--contexts", "", "--prompt", "8", "--out", str(fresh)])
+    f = json.loads(fresh.read_text())
+    assert f["complete"] is False and f["matmul"]["tflop_s"] > 0 and not (tmp_path / "fresh.json.partial").exists()
+
+    monkeypatch.undo()
+    harness.main(SMALL + ["--contexts", "16", "--out", str(good)])
+    r = json.loads(good.read_text())
+    assert r["complete"] is True and [d["context"] for d in r["decode"]] == [16] and not partial.exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["fresh.json", "good.json"]
+
+
+def test_harness_deadline_lists_every_phase_it_skips(tmp_path):
+    """--deadline-s also skips each context's profile and device loop: they are listed in `skipped`."""
+    out = tmp_path / "h.json"
+    res = harness.main(SMALL + ["--contexts", "16", "--loop-steps", "2", "--profile-steps", "1", "--prompt", "8",
+                                "--breakdown", "--deadline-s", "1e-9", "--out", str(out)])
+    assert res["skipped"] == ["profile ctx=16", "device_loop ctx=16", "prefill", "breakdown"]
+    d = res["decode"][0]
+    assert "profile" not in d and "device_loop" not in d and d["state_length_ok"]
+    assert json.loads(out.read_text())["skipped"] == res["skipped"]
+
+
+def _options(help_text: str) -> dict[str, str]:
+    """{flag: its help text} from argparse's --help."""
+    opts, cur = {}, None
+    for line in help_text.split("options:", 1)[1].splitlines():
+        m = re.match(r"\s{2}(-\S+)(.*)", line)
+        if m:
+            cur = m.group(1).rstrip(",")
+            opts[cur] = m.group(2)
+        elif cur:
+            opts[cur] += " " + line.strip()
+    return opts
+
+
+def test_harness_help_documents_every_flag_and_its_default(capsys):
+    with pytest.raises(SystemExit):
+        harness.parse_args(["--help"])
+    opts = _options(capsys.readouterr().out)
+    for flag in ("--batch", "--warmup", "--prefill-warmup", "--prefill-iters", "--matmul-n", "--ceiling-iters"):
+        assert flag in opts and "(default:" in opts[flag], (flag, opts.get(flag))
+    assert "(default: 8192)" in opts["--matmul-n"] and "device loop" in opts["--deadline-s"]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """verify_profile's weights fail the test: a refusal must come before any work."""
+    def work(*a, **k):
+        raise AssertionError("verify_profile built the model before checking its flags")
+    monkeypatch.setattr(verify_profile, "random_params", work)
+
+
+@pytest.mark.parametrize("bad, flag", [(["--context", "-4", "--nodes", "5"], "--context"),
+                                       (["--nodes", "0"], "--nodes"), (["--steps", "0"], "--steps"),
+                                       (["--hlo"], "--hlo"), (["--out", "FILE"], "--out"),
+                                       (["--config", "nosuch"], "--config")])
+def test_verify_profile_refuses_before_any_work(tmp_path, capsys, no_model, bad, flag):
+    (tmp_path / "f").write_text("")
+    bad = [str(tmp_path / "f") if a == "FILE" else a for a in bad]
+    _refused(verify_profile.main, ["--config", "tiny", "--context", "8", "--nodes", "3", "--steps", "1"] + bad, flag,
+             capsys)
+
+
+def test_verify_profile_prints_the_whole_summary_with_its_date(capsys):
+    verify_profile.main(["--config", "tiny", "--context", "8", "--nodes", "3", "--steps", "1"])
+    res = json.loads(capsys.readouterr().out)               # all of it, not cut
+    assert res["nodes"] == 3 and res["date"].startswith("20") and res["git"]["commit"] and res["machine"]["host"]
+    assert res["top_kernels"]
+
+
+def test_verify_profile_help_names_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        verify_profile.main(["--help"])
+    opts = _options(capsys.readouterr().out)
+    for flag in ("--config", "--context", "--nodes", "--steps"):
+        assert opts[flag].strip(), flag
+    assert "text" not in opts["--out"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    """A host-only xplane.pb of two calls of a jitted function, and that function's optimized HLO."""
+    d = tmp_path_factory.mktemp("trace")
+    step = jax.jit(lambda x: jnp.tanh(x @ x).sum()).lower(jnp.ones((32, 32))).compile()
+    (d / "step.hlo.txt").write_text(step.as_text())
+    with profile.trace(lambda: step(jnp.ones((32, 32))), 2) as xplane:
+        shutil.copy(xplane, d / "step.xplane.pb")
+    return str(d / "step.xplane.pb"), str(d / "step.hlo.txt")
+
+
+def test_profile_refuses_what_it_cannot_honour(trace, tmp_path, capsys):
+    xplane, hlo = trace
+    assert "/host:CPU" in _refused(profile.main, [xplane, hlo, "--device", "3"], "--device 3", capsys)
+    assert "jit_" in _refused(profile.main, [xplane, hlo, "--module", "nosuchmodule"], "--module nosuchmodule", capsys)
+    for steps in ("0", "-2"):
+        _refused(profile.main, [xplane, hlo, "--steps", steps], "--steps", capsys)
+    _refused(profile.main, [hlo, xplane], "XPLANE HLO", capsys)                         # swapped
+    _refused(profile.main, [str(tmp_path / "missing.xplane.pb"), hlo], "missing.xplane.pb", capsys)
+    _refused(profile.main, [xplane, str(tmp_path / "missing.txt")], "missing.txt", capsys)
+    _refused(profile.main, [xplane, hlo, "--json", str(tmp_path)], "--json", capsys)
+
+
+def test_profile_json_made_where_asked_with_commit_machine_and_date(trace, tmp_path, capsys):
+    xplane, hlo = trace
+    out = tmp_path / "missing" / "p.json"
+    s = profile.main([xplane, hlo, "--steps", "2", "--module", "jit", "--json", str(out)])
+    d = json.loads(out.read_text())
+    assert d["kernels_per_step"] == s["kernels_per_step"] > 0 and d["steps"] == 2
+    assert d["git"]["commit"] and d["machine"]["host"] and d["date"].startswith("20") and "/host:CPU" in d["planes"]
+    with pytest.raises(SystemExit):
+        profile.main(["--help"])
+    text = capsys.readouterr().out
+    assert re.search(r"^\s+xplane\s+\S", text, re.M), text                  # the positional has help
+    opts = _options(text)
+    assert all(opts[f].strip() for f in ("--module", "--top"))

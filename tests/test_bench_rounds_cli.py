@@ -1,0 +1,77 @@
+"""bench.rounds' flags: bad values refused by name at parse time (before any weights are made), the cache sized for
+the phases the run times, its JSON written whole."""
+
+import json
+
+import pytest
+
+from bench import rounds
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """A run that gets past its flags fails the test at once (instead of timing for seconds, then failing)."""
+    def started(msg):
+        raise AssertionError(f"the run started: {msg}")
+    monkeypatch.setattr(rounds, "log", started)
+
+
+def refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        rounds.main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--k", "0"], "--k: must be >= 1, got 0"),                              # was: ZeroDivisionError after the setup
+    (["--rounds", "0", "--ar-rounds", "0"], "--rounds: must be >= 1, got 0"),
+    (["--ar-rounds", "0"], "--ar-rounds: must be >= 1, got 0"),
+    (["--budgets", "x"], "--budgets 'x': expected integers"),                # was: ValueError
+    (["--budgets", "-3"], "--budgets '-3': expected integers >= 1"),         # was: failed after the setup
+    (["--mtp-tokens", "0"], "--mtp-tokens '0': expected integers >= 1"),
+    (["--max-len", "0"], "--max-len: must be >= 1, got 0"),                  # was: the default
+    (["--config", "no/such/model"], "--config 'no/such/model': "),          # was: a ConfigError traceback
+])
+def test_bad_values_are_refused_by_name_before_the_run(argv, message, capsys, no_run):
+    err = refused(argv, capsys)
+    assert message in err and "Traceback" not in err, err
+
+
+def test_bad_out_is_refused_before_the_run(tmp_path, capsys, no_run):
+    """--out: a directory (was: a stray DIR.tmp after the whole run) or under a file, refused at parse time."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    assert "--out " in refused(["--out", str(tmp_path / "adir")], capsys)
+    assert "is not a directory" in refused(["--out", str(tmp_path / "afile" / "r.json")], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]
+
+
+@pytest.mark.parametrize("argv, need, counted", [
+    # The AR group alone: the AR loop's 22 calls x 2 rounds, not the default --budgets up to 512 (was: 1140).
+    (["--context", "64", "--phases", "ar", "--k", "2", "--rounds", "2", "--ar-rounds", "2"], 110,
+     "the AR loop's 22 calls x --ar-rounds = 44"),
+    # --rounds-only: no tree build, so no --budgets either; the round's tree is its block of 16 (was: 1092).
+    (["--context", "32", "--phases", "ddtree", "--rounds-only", "--round-budget", "4", "--k", "1", "--rounds", "2"],
+     100, "(--k + 1) blocks of 16 + --rounds x (largest tree 16 + 1) = 66"),
+])
+def test_the_cache_is_sized_for_the_phases_that_run(argv, need, counted, capsys, no_run):
+    err = refused(argv + ["--max-len", "10"], capsys)
+    assert f"--max-len 10: the timed calls need {need} slots (context " in err and counted in err, err
+
+
+def test_help_names_a_config_path(capsys):
+    with pytest.raises(SystemExit):
+        rounds.main(["--help"])
+    assert "config.json" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_needed_slots_suffice_and_the_json_is_written_whole(tmp_path):
+    """At exactly the slots it asks for, the AR group runs every round; --out in a directory yet to be made."""
+    out = tmp_path / "new" / "r.json"
+    rounds.main(["--context", "64", "--phases", "ar", "--k", "2", "--rounds", "2", "--ar-rounds", "2", "--max-len",
+                 "110", "--dtype", "float32", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["max_len"] == 110 and res["phases"]["ar_round_device_loop"]["rounds_per_call"] == 2
+    assert [p.name for p in out.parent.iterdir()] == ["r.json"]
