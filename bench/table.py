@@ -24,8 +24,8 @@ context), the ratio to the roofline (weight bytes / 4.30 TB/s; 11.9 ms at the re
 5) and the tokens/s the rounds imply at --tau (default 9.18: z-lab's HumanEval acceptance length for
 Qwen3.5-27B + DFlash). Only parts that succeed in this run give rows: a part that fails or runs out of
 --deadline-s leaves its rows "not measured" (its JSON from an earlier run in DIR is deleted before the parts start)
-and the command exits 1; the parts already done stay in DIR. DIR must be new, empty, or an earlier table's
-(nothing but its JSONs, logs and table.*). Only --config tiny times the CPU-sized kernels (a small vocabulary, one
+and the command exits 1; the parts already done stay in DIR. In an existing DIR only the table's own files are
+replaced (the parts' JSONs and logs, table.*). Only --config tiny times the CPU-sized kernels (a small vocabulary, one
 layer); 'real' or a config.json path, the real ones.
 """
 
@@ -234,9 +234,8 @@ def markdown(table: dict, head: str) -> str:
 
 
 def check_out(ap: argparse.ArgumentParser, path: str) -> None:
-    """The parser's error unless --out can hold the table: a new directory (its nearest existing parent writable),
-    or an existing writable one holding nothing but an earlier table's files (the parts' JSONs and logs, table.*)."""
-    ours = {*JSONS.values(), *(f"{name}.log" for name in PARTS), "table.json", "table.md"}
+    """The parser's error unless --out can hold the table: a directory, new (its nearest existing parent writable)
+    or existing and writable. The table replaces only its own files there (the parts' JSONs, table.*); others stay."""
     p = Path(path)
     if not p.is_dir():
         if p.exists():
@@ -247,9 +246,6 @@ def check_out(ap: argparse.ArgumentParser, path: str) -> None:
         if not parent.is_dir():
             ap.error(f"--out {path}: {parent} is not a directory")
         p = parent
-    elif others := sorted(f.name for f in p.iterdir() if f.name not in ours):
-        ap.error(f"--out {path}: holds files that are not an earlier table's ({', '.join(others[:3])}"
-                 f"{', ...' if len(others) > 3 else ''}); name a new or empty directory, or an earlier table's")
     if not os.access(p, os.W_OK | os.X_OK):
         ap.error(f"--out {path}: {p} is not writable")
 

@@ -245,22 +245,21 @@ def test_bad_flags_are_refused_before_any_part(tmp_path, monkeypatch, capsys, ar
     assert not (tmp_path / "new").exists()
 
 
-def test_out_is_a_new_or_empty_directory_or_an_earlier_tables(tmp_path, monkeypatch, capsys):
-    """--out: a file (was: FileExistsError), or a directory holding other files, is refused at parse time; an
-    earlier table's directory is reused."""
+def test_out_is_a_directory_whose_other_files_stay(tmp_path, monkeypatch, capsys):
+    """--out: a file (was: FileExistsError), or a path under a file, is refused at parse time; an existing directory
+    is used, and only the table's own files in it are replaced (a caller's log written there first stays)."""
     _fake_parts(monkeypatch, {"verify": (0, None)})
     (tmp_path / "f").write_text("")
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("keep")
     for out, message in ((tmp_path / "f", "is a file; name a directory"),
-                         (tmp_path / "f" / "d", f"{tmp_path / 'f'} is not a directory"),
-                         (tmp_path / "mine", "holds files that are not an earlier table's (notes.txt)")):
+                         (tmp_path / "f" / "d", f"{tmp_path / 'f'} is not a directory")):
         with pytest.raises(SystemExit) as e:
             table.main(["--parts", "verify", "--out", str(out)])
         assert e.value.code == 2 and f"--out {out}: {message}" in capsys.readouterr().err
     assert table.main(["--parts", "verify", "--out", str(tmp_path / "t")]) == 0
+    (tmp_path / "t" / "call.log").write_text("keep")
     assert table.main(["--parts", "verify", "--out", str(tmp_path / "t")]) == 0          # an earlier table's
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["table.json", "table.md"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["call.log", "table.json", "table.md"]
+    assert (tmp_path / "t" / "call.log").read_text() == "keep"
 
 
 def test_help_says_the_defaults(capsys):
