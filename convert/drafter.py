@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax.numpy as jnp
 from flax import nnx
 from safetensors import safe_open
 
 from convert import store
-from convert.hf import INDEX_NAME, CheckpointError, scan
+from convert.hf import FLOAT_DTYPES, INDEX_NAME, CheckpointError, scan
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
 
@@ -91,6 +92,9 @@ def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
                 arr = sf.get_tensor(key)
                 if tuple(arr.shape) != shape:
                     raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(arr.shape)}, config expects {shape}")
+                if not jnp.issubdtype(arr.dtype, jnp.floating):
+                    raise CheckpointError(f"{f}: tensor {key!r} is stored as {arr.dtype}; only floating-point "
+                                          f"({', '.join(FLOAT_DTYPES)}) drafters are supported")
                 values[path] = (arr.T if transpose else arr).astype(cfg.jnp_dtype)
     missing = sorted(k for k, (path, _, _) in layout.items() if path not in values)
     if missing:

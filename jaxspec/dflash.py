@@ -15,14 +15,14 @@ from jaxspec.config import ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, init_cache
 from jaxspec.ddtree import build_tree
 from jaxspec.drafter_config import check_pair
-from jaxspec.engine import Proposal, Speculator
+from jaxspec.engine import Proposal, Speculator, int_arg
 from jaxspec.sampling import categorical, log_probs
 
 
 def block_size_for(cfg, block_size: int | None) -> int:
     """The block a drafter of `cfg` drafts: `block_size` (--block-size), or the one it was trained with. A ConfigError
     unless 2 <= it <= the trained block."""
-    bs = cfg.block_size if block_size is None else int(block_size)
+    bs = cfg.block_size if block_size is None else int_arg(block_size, "--block-size", ConfigError)
     if not 2 <= bs <= cfg.block_size:
         raise ConfigError(f"--block-size {bs}: must be in [2, {cfg.block_size}] (the drafter was trained "
                           f"with blocks of {cfg.block_size})")
@@ -49,9 +49,11 @@ class DFlash(Speculator):
         cfg = drafter.cfg
         check_pair(cfg, target)
         bs = block_size_for(cfg, block_size)
+        budget = None if budget is None else int_arg(budget, "--budget", ConfigError)
         if budget is not None and budget < 1:
             raise ConfigError(f"--budget {budget}: must be >= 1")
         self.cfg, self.block_size, self.budget, self.taps = cfg, bs, budget, tuple(cfg.target_layer_ids)
+        self.target_cfg = target     # the engine checks that it runs this drafter on this target
         self.name = "dflash" if budget is None else "ddtree"
         self.tree_size = bs if budget is None else budget + 1
         self.graphdef, self.params = nnx.split(drafter)

@@ -42,6 +42,9 @@ class DrafterConfig:
     is_causal: bool | None = None       # explicit override for all layers; None: by layer type
     rms_norm_eps: float = 1e-6
     dtype: str = "bfloat16"
+    # The depth of the target it was trained for (config.json's num_target_layers; None when a config lacks it).
+    # Metadata, not architecture: left out of == and the hash, so a config built in code equals the one read back.
+    num_target_layers: int | None = dataclasses.field(default=None, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -205,12 +208,17 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
     if is_causal is not None:
         is_causal = as_bool("is_causal", is_causal)
 
+    n_target = hf.get("num_target_layers")
+    if n_target is not None:
+        n_target = as_int("num_target_layers", n_target)
+        if n_target <= 0:
+            raise ConfigError(f"{source}: num_target_layers must be positive, got {n_target}")
     ids = raw("target_layer_ids", draft=True)
     if ids is None:
-        if hf.get("num_target_layers") is None:
+        if n_target is None:
             raise ConfigError(f"{source}: missing field 'target_layer_ids' (looked in dflash_config and at the "
                               "top level; 'num_target_layers' to derive the default is missing too)")
-        ids = _default_target_layer_ids(as_int("num_target_layers", hf["num_target_layers"]), n_layers)
+        ids = _default_target_layer_ids(n_target, n_layers)
     if not isinstance(ids, list) or not ids:
         raise ConfigError(f"{source}: field {where('target_layer_ids')!r} must be a non-empty list, got {ids!r}")
     ids = tuple(as_int(where("target_layer_ids"), i) for i in ids)
@@ -260,6 +268,7 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
             is_causal=is_causal,
             rms_norm_eps=as_float("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
             dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
+            num_target_layers=n_target,
         )
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
@@ -286,6 +295,9 @@ def check_pair(drafter: DrafterConfig, target: TargetConfig) -> None:
     if not 0 <= drafter.mask_token_id < target.vocab_size:
         raise ConfigError(f"drafter mask_token_id {drafter.mask_token_id} is outside the target vocabulary "
                           f"[0, {target.vocab_size})")
+    if drafter.num_target_layers is not None and drafter.num_target_layers != target.num_layers:
+        raise ConfigError(f"drafter was trained for a {drafter.num_target_layers}-layer target; this target has "
+                          f"{target.num_layers}")
 
 
 def qwen36_27b_dflash(dtype: str = "bfloat16") -> DrafterConfig:

@@ -9,6 +9,7 @@ segments (for streaming output), never per token.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import time
 from typing import Any, Callable
@@ -19,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxspec import tree as trees
+from jaxspec.config import ConfigError
 from jaxspec.model import Qwen35, State, commit, init_state
 from jaxspec.sampling import Sampling, categorical, choose, log_probs
 from jaxspec.sharding import constrain_state, dp_degree, state_maker
@@ -123,9 +125,10 @@ class AR(Speculator):
     name = "ar"
 
     def __init__(self, rows: int = 1):
-        if int(rows) < 1:
+        rows = int_arg(rows, "AR rows")
+        if rows < 1:
             raise ValueError(f"AR rows {rows}: must be >= 1")
-        self.rows = self.tree_size = int(rows)
+        self.rows = self.tree_size = rows
 
     def propose(self, params, model, draft, pending, key, sampling):
         b = pending.shape[0]
@@ -160,10 +163,53 @@ def loop_compiler_options(spec: Speculator) -> dict:
     return LOOP_GRAPH_OPTIONS if on else {}
 
 
+def int_arg(value, name: str, error: type[Exception] = ValueError) -> int:
+    """`value` (a Python or numpy integer) as an int; a float (2.5, or 2.0), a bool or anything else is an `error`
+    naming `name`, never silently truncated."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise error(f"{name} must be an integer, got {value!r}")
+
+
+def check_prompts(prompts, vocab_size: int) -> list[np.ndarray]:
+    """The prompts as int32 arrays, each checked: a non-empty list of token-id lists (or a 2-D array), every id an
+    integer in [0, vocab_size). The model clips ids into range (DDTree's invalid nodes are -1), so an id outside it
+    would silently decode as another token."""
+    what = "prompts: a non-empty list of token-id lists"
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__") or len(prompts) == 0:
+        raise ValueError(f"{what}, got {prompts!r}"[:200])
+    out = []
+    for i, pr in enumerate(prompts):
+        if isinstance(pr, (str, bytes)) or not hasattr(pr, "__len__"):
+            raise ValueError(f"{what}; prompt {i} is {pr!r}"[:200])
+        if len(pr) == 0:
+            raise ValueError(f"every prompt needs at least one token; prompt {i} is empty")
+        a = np.asarray(pr)
+        if a.ndim != 1:
+            raise ValueError(f"{what}; prompt {i} has shape {a.shape}")
+        integer = lambda t: isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+        if a.dtype.kind not in "iu":    # floats, bools, or ids beyond int64: find the first bad one
+            a = np.asarray(pr, object)
+            j = next(j for j, t in enumerate(a) if not integer(t) or not 0 <= t < vocab_size)
+        else:
+            j = next(iter(np.flatnonzero((a < 0) | (a >= vocab_size))), None)
+        if j is not None:
+            t = a[j]
+            why = f"is outside the vocabulary [0, {vocab_size})" if integer(t) else "is not an integer"
+            t = int(t) if integer(t) else float(t) if isinstance(t, np.floating) else t
+            raise ValueError(f"prompt {i}, position {j}: token id {t!r} {why}")
+        out.append(a.astype(np.int32))
+    return out
+
+
 def default_max_len(need: int) -> int:
     """The cache length for a call that needs `need` slots: rounded up to one of 8 lengths per power of two (at
     least a multiple of 16), so calls of nearby lengths share one compile of the prefill and round loop, and at
     most 1/8 more slots are allocated (the jnp attention reads every slot)."""
+    need = int(need)
     step = 1 << max(4, need.bit_length() - 4)
     return -(-need // step) * step
 
@@ -204,8 +250,16 @@ class Result:
         return float((self.hist * np.arange(len(self.hist))).sum() / r) if r else 0.0
 
 
+# The fields of the target config a speculator's shapes and taps depend on (`Engine` compares them).
+_SPEC_FIELDS = ("vocab_size", "hidden_size", "num_layers")
+
+
 class Engine:
-    """Holds the compiled prefill and round functions for one model, speculator and sampling."""
+    """Holds the compiled prefill and round functions for one model, speculator and sampling.
+
+    stop_tokens: the token ids that end a sequence (emitted, then nothing after). None by default: the model's
+    EOS ids (`model.cfg.eos_token_ids`, from config.json / generation_config.json) are not used unless passed
+    here, e.g. `stop_tokens=model.cfg.eos_token_ids` (as the `jaxspec.generate` CLI does)."""
 
     def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
                  stop_tokens=(), prefill_chunk: int = 256, mesh=None):
@@ -214,11 +268,23 @@ class Engine:
         self.cfg = model.cfg
         self.mesh = mesh
         self.spec = speculator or AR()
+        want = getattr(self.spec, "target_cfg", None)     # the target config a DFlash / MTP was checked against
+        bad = [f"{f} {getattr(want, f)} vs {getattr(self.cfg, f)}" for f in _SPEC_FIELDS
+               if want is not None and getattr(want, f) != getattr(self.cfg, f)]
+        if bad:
+            raise ConfigError(f"the {self.spec.name} speculator was built for another target than this model "
+                              f"({'; '.join(bad)})")
         self.graphdef, target_params = nnx.split(model)
         self.params = (target_params, self.spec.params)
         self.sampling = sampling
-        self.stop = jnp.asarray(sorted(set(int(t) for t in stop_tokens)) or [-1], jnp.int32)
-        self.prefill_chunk = prefill_chunk
+        stop = sorted(set(int_arg(t, "stop_tokens: token id") for t in stop_tokens))
+        outside = [t for t in stop if not 0 <= t < self.cfg.vocab_size]
+        if outside:
+            raise ValueError(f"stop_tokens {outside} are outside the vocabulary [0, {self.cfg.vocab_size})")
+        self.stop = jnp.asarray(stop or [-1], jnp.int32)
+        self.prefill_chunk = int_arg(prefill_chunk, "prefill_chunk")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1,)))
         self._run = self._in_mesh(jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,),
                                           compiler_options=loop_compiler_options(self.spec) or None))
@@ -313,10 +379,10 @@ class Engine:
         return tuple(make() for make in self._makers[b, max_len])
 
     def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0) -> Decoding:
+        prompts = check_prompts(prompts, self.cfg.vocab_size)
+        max_len = int_arg(max_len, "max_len")
         b = len(prompts)
         lens = np.array([len(p) for p in prompts], np.int32)
-        if (lens == 0).any():
-            raise ValueError("every prompt needs at least one token")
         if lens.max() >= max_len:
             raise ValueError(f"prompt of {lens.max()} tokens does not fit the context of {max_len} tokens")
         p = min(self.prefill_chunk, max(16, 1 << int(lens.max() - 1).bit_length()))
@@ -346,10 +412,14 @@ class Engine:
         """Generate up to `max_new_tokens` per prompt; `on_tokens` receives the new tokens of each
         sequence after every segment of `rounds_per_call` rounds. `max_len` (the cache's slots) defaults to what
         the call needs, rounded up (`default_max_len`) so that prompts of nearby lengths share one compile."""
+        max_new_tokens, max_len, rounds_per_call = (
+            None if value is None else int_arg(value, name) for name, value in (
+                ("max_new_tokens", max_new_tokens), ("max_len", max_len), ("rounds_per_call", rounds_per_call)))
         for name, value in (("max_new_tokens", max_new_tokens), ("max_len", max_len),
                             ("rounds_per_call", rounds_per_call)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        prompts = check_prompts(prompts, self.cfg.vocab_size)
         need = max(len(p) for p in prompts) + max_new_tokens + self.spec.tree_size
         max_len = max_len or default_max_len(need)
         if need > max_len:

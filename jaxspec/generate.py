@@ -302,6 +302,10 @@ def _main(argv) -> int:
         if mesh is not None:
             head = sharding.shard_mtp(head, mesh)
         speculator = MTP(head, model.cfg, args.mtp_tokens)
+    if beyond := sorted(i for i in stops if not 0 <= i < model.cfg.vocab_size):
+        parser().error(f"--model {args.model}: end-of-sequence ids {beyond} (from generation_config.json or the "
+                       f"tokenizer {tok.name}) are outside the model's vocabulary [0, {model.cfg.vocab_size}); "
+                       f"pass --ignore-eos to generate without stopping at them")
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
     engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)

@@ -39,7 +39,7 @@ from flax import nnx
 
 from jaxspec import tree as trees
 from jaxspec.config import FULL, ConfigError, TargetConfig
-from jaxspec.engine import Proposal, Speculator
+from jaxspec.engine import Proposal, Speculator, int_arg
 from jaxspec.model import DecoderLayer, Linear, RMSNorm, mask_vocab
 from jaxspec.sampling import categorical, log_probs
 
@@ -119,10 +119,11 @@ class MTP(Speculator):
     name = "mtp"
 
     def __init__(self, head: MTPHead, target: TargetConfig, tokens: int):
-        if int(tokens) < 1:
+        tokens = int_arg(tokens, "--mtp-tokens", ConfigError)
+        if tokens < 1:
             raise ConfigError(f"--mtp-tokens {tokens}: must be >= 1 (draft tokens per round)")
         check_head(head.cfg, target)
-        self.cfg, self.k = head.cfg, int(tokens)
+        self.cfg, self.k, self.target_cfg = head.cfg, tokens, target
         self.tree_size = self.k + 1
         # h_t = final norm of the last decoder layer's output.
         self.taps = (target.num_layers - 1,)

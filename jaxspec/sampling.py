@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +24,13 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not self.temperature >= 0.0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real):
+            raise ValueError(f"--temperature must be a number, got {self.temperature!r}")
+        if not 0.0 <= self.temperature < math.inf:
+            raise ValueError(f"--temperature must be >= 0 and finite, got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise ValueError(f"--top-k must be an integer, got {self.top_k!r}")
+        object.__setattr__(self, "top_k", int(self.top_k))      # a numpy integer becomes a plain int
         if self.top_k < 0:
             raise ValueError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

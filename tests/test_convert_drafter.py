@@ -494,6 +494,7 @@ def test_generate_with_a_converted_draft(tmp_path, capsys):
 
     hf = tiny_hf("qwen36")
     hf["dflash_config"]["target_layer_ids"] = [0, 1, 2]  # taps of the 4-layer target
+    hf["num_target_layers"] = 4                          # trained for it (check_pair compares the depth)
     make_reference(tmp_path / "draft_hf", hf)
     assert cli_main(["drafter", str(tmp_path / "draft_hf"), str(tmp_path / "draft"), "--dtype", "float32",
                      "--target", str(model_dir)]) == 0

@@ -21,6 +21,7 @@ def dirs(tmp_path_factory):
     make_causal_lm(target, vocab_size=256)
     hf = tiny_hf("qwen36")
     hf["dflash_config"]["target_layer_ids"] = [0, 1, 2]
+    hf["num_target_layers"] = 4                    # made for the 4-layer target (check_pair compares the depth)
     draft = tmp_path_factory.mktemp("cli_draft")
     make_reference(draft, hf)
     return target, draft
@@ -79,6 +80,21 @@ def with_small_tokenizer(target, model_dir):
     shutil.copytree(target, model_dir)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(model_dir)
     return model_dir
+
+
+def test_end_of_sequence_ids_beyond_the_vocab_are_refused(dirs, tmp_path, capsys):
+    """A generation_config.json whose end-of-sequence id the 256-token model can never produce: one line naming it
+    and --ignore-eos (the engine refuses stop ids outside the vocabulary); with --ignore-eos it runs."""
+    target, _ = dirs
+    model = with_small_tokenizer(target, tmp_path / "m")
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [300]}))
+    args = ["--model", str(model), "--prompt", "def f(x):", "--max-new-tokens", "2"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "end-of-sequence ids [300] (from generation_config.json" in err, err
+    assert "outside the model's vocabulary [0, 256); pass --ignore-eos" in err
+    assert main([*args, "--ignore-eos"]) == 0
 
 
 def test_dflash_cli(dirs, tmp_path, capsys):

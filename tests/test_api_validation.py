@@ -1,0 +1,164 @@
+"""The library API refuses bad arguments with a clear error at construction or generate() time, instead of
+silently producing other output or failing deep in JAX: prompt ids, counts, prefill chunks, stop ids,
+speculators built for another target, drafters trained for another target depth, sampling parameters and
+integer drafter weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import save_file
+
+from convert.drafter import drafter_layout, load_drafter
+from convert.hf import CheckpointError, load_target
+from jaxspec.config import ConfigError, load_target_config
+from jaxspec.dflash import DFlash
+from jaxspec.drafter import Drafter
+from jaxspec.drafter_config import check_pair, drafter_config_from_hf, load_drafter_config
+from jaxspec.engine import AR, Engine, default_max_len
+from jaxspec.export import drafter_hf_config
+from jaxspec.mtp import MTP, MTPHead
+from jaxspec.sampling import Sampling
+from test_dflash import drafter_config
+
+DEMO = Path(__file__).resolve().parents[1] / "jaxspec" / "demo"
+P = [[1, 2, 3, 4, 5]]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_hf):
+    return load_target(tiny_hf[0], dtype="float32")      # vocab 512, 4 layers
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused(target):
+    """The model clips ids into range: 512 decoded as 511 and -1 as 0, 3.7 as 3, without a word."""
+    engine = Engine(target)
+    for prompt, words in (([1, 2, 512], "prompt 0, position 2: token id 512 is outside the vocabulary [0, 512)"),
+                          ([1, 2, -1], "position 2: token id -1 is outside"),
+                          ([1, 2, 10**30], f"token id {10**30} is outside"),
+                          ([1, 2, 3.7], "position 2: token id 3.7 is not an integer"),
+                          (np.array([1.0, 2.0]), "position 0: token id 1.0 is not an integer")):
+        with pytest.raises(ValueError) as e:
+            engine.generate([[7, 8], prompt], 5)
+        assert "prompt 1," in str(e.value) and words.replace("prompt 0, ", "") in str(e.value), str(e.value)
+    with pytest.raises(ValueError, match=r"prompt 0, position 1: token id 512 is outside the vocabulary"):
+        engine.prefill([[3, 512]], 64)
+
+
+def test_prompts_must_be_a_non_empty_list_of_lists(target):
+    engine = Engine(target)
+    for prompts in ([], [1, 2, 3], "hello", ["hello"], 5):
+        with pytest.raises(ValueError, match="prompts: a non-empty list of token-id lists"):
+            engine.generate(prompts, 5)
+    with pytest.raises(ValueError, match="at least one token; prompt 1 is empty"):
+        engine.generate([[1], []], 5)
+
+
+def test_numpy_integers_are_counts_floats_are_not(target):
+    assert default_max_len(np.int64(40)) == default_max_len(40) == 48
+    engine = Engine(target)
+    assert engine.generate(P, np.int64(4), max_len=np.int32(32), rounds_per_call=np.int64(1 << 30)).tokens == \
+        engine.generate(P, 4, max_len=32).tokens
+    for kw in ({"max_new_tokens": 2.5}, {"max_new_tokens": 4.0}, {"max_len": 32.5}, {"rounds_per_call": 1.5}):
+        args = {"max_new_tokens": 4, **kw}
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} must be an integer, got"):
+            engine.generate(P, args.pop("max_new_tokens"), **args)
+    drafter = Drafter(drafter_config(), rngs=nnx.Rngs(3))
+    spec = DFlash(drafter, target.cfg, block_size=np.int64(4), budget=np.int64(8))
+    assert (spec.block_size, spec.budget, spec.tree_size) == (4, 8, 9) and type(spec.budget) is int
+    for kw, name in (({"budget": 2.5}, "--budget"), ({"block_size": 2.5}, "--block-size")):
+        with pytest.raises(ValueError, match=f"{name} must be an integer, got 2.5"):
+            DFlash(drafter, target.cfg, **kw)
+    with pytest.raises(ValueError, match="prefill_chunk must be an integer, got 2.5"):
+        Engine(target, prefill_chunk=2.5)
+    with pytest.raises(ValueError, match="AR rows must be an integer"):
+        AR(2.5)
+
+
+@pytest.mark.parametrize("chunk", [0, -4])
+def test_prefill_chunk_must_be_positive(target, chunk):
+    with pytest.raises(ValueError, match=f"prefill_chunk must be >= 1, got {chunk}"):
+        Engine(target, prefill_chunk=chunk)
+
+
+def test_drafter_for_another_target_depth_is_refused(target):
+    cfg = drafter_config()                               # taps (0, 2) are layers of the 4-layer tiny target
+    assert cfg.num_target_layers is None
+    check_pair(cfg, target.cfg)                          # unknown depth: nothing to compare
+    check_pair(cfg.replace(num_target_layers=4), target.cfg)
+    with pytest.raises(ConfigError, match="drafter was trained for a 6-layer target; this target has 4"):
+        check_pair(cfg.replace(num_target_layers=6), target.cfg)
+    with pytest.raises(ConfigError, match="6-layer target"):
+        DFlash(Drafter(cfg.replace(num_target_layers=6), rngs=nnx.Rngs(3)), target.cfg)
+    # Read from config.json; metadata only, so a config built in code still equals the one read back.
+    hf = drafter_hf_config(cfg, num_target_layers=6)
+    read = drafter_config_from_hf(hf)
+    assert read.num_target_layers == 6 and read == cfg
+    del hf["num_target_layers"]
+    assert drafter_config_from_hf(hf).num_target_layers is None
+    with pytest.raises(ConfigError, match="num_target_layers must be positive"):
+        drafter_config_from_hf({**hf, "num_target_layers": 0})
+    # The shipped demo pair still fits.
+    demo = load_drafter_config(DEMO / "drafter")
+    check_pair(demo, load_target_config(DEMO / "target"))
+    assert demo.num_target_layers == 8
+
+
+def test_engine_checks_the_speculator_against_its_model(target):
+    cfg = target.cfg
+    Engine(target, DFlash(Drafter(drafter_config(), rngs=nnx.Rngs(3)), cfg))       # the right target: fine
+    other_vocab = cfg.replace(vocab_size=1000)
+    spec = DFlash(Drafter(drafter_config(vocab_size=1000), rngs=nnx.Rngs(3)), other_vocab)
+    with pytest.raises(ConfigError, match="dflash speculator was built for another target.*vocab_size 1000 vs 512"):
+        Engine(target, spec)
+    deeper = cfg.replace(layer_types=cfg.layer_types * 2)
+    with pytest.raises(ConfigError, match="num_layers 8 vs 4"):
+        Engine(target, DFlash(Drafter(drafter_config(), rngs=nnx.Rngs(3)), deeper))
+    with pytest.raises(ConfigError, match="mtp speculator was built for another target.*num_layers 8 vs 4"):
+        Engine(target, MTP(MTPHead(deeper, rngs=nnx.Rngs(0)), deeper, 2))
+
+
+def test_sampling_needs_a_finite_temperature_and_an_integer_top_k():
+    for kw, words in (({"temperature": float("inf")}, "--temperature must be >= 0 and finite, got inf"),
+                      ({"temperature": float("inf"), "top_k": 5}, "--temperature"),
+                      ({"temperature": "0.5"}, "--temperature must be a number"),
+                      ({"temperature": 1.0, "top_k": 2.5}, "--top-k must be an integer, got 2.5"),
+                      ({"temperature": 1.0, "top_k": True}, "--top-k must be an integer")):
+        with pytest.raises(ValueError, match=words):
+            Sampling(**kw)
+    s = Sampling(temperature=np.float32(0.7), top_k=np.int64(5))
+    assert type(s.top_k) is int and s.top_k == 5
+
+
+def test_stop_ids_outside_the_vocabulary_are_refused(target):
+    for stop in ([10**6], [3, -1], [512]):
+        with pytest.raises(ValueError, match=r"stop_tokens \[-?\d+\] are outside the vocabulary \[0, 512\)"):
+            Engine(target, stop_tokens=stop)
+    with pytest.raises(ValueError, match="stop_tokens: token id must be an integer, got 3.5"):
+        Engine(target, stop_tokens=[3.5])
+    assert Engine(target, stop_tokens=np.array([7, 511])).stop.tolist() == [7, 511]
+
+
+def test_stop_tokens_default_to_none(target):
+    """Documented: the model's EOS ids stop nothing unless passed as stop_tokens (the default is unchanged)."""
+    doc = " ".join(Engine.__doc__.split())
+    assert "EOS ids" in doc and "are not used unless passed" in doc
+    assert Engine(target).stop.tolist() == [-1] and Engine(target, stop_tokens=(5,)).stop.tolist() == [5]
+
+
+def test_integer_drafter_tensors_are_refused(tmp_path):
+    cfg = drafter_config()
+    (tmp_path / "config.json").write_text(json.dumps(drafter_hf_config(cfg, num_target_layers=4)))
+    rs = np.random.RandomState(0)
+    tensors = {k: rs.randn(*shape).astype(np.float32) for k, (_, shape, _) in drafter_layout(cfg).items()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    assert load_drafter(tmp_path).cfg == cfg
+    tensors["norm.weight"] = tensors["norm.weight"].astype(np.int32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'norm\.weight' is stored as int32; "
+                                              r"only floating-point"):
+        load_drafter(tmp_path)
