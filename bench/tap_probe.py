@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.cli import at_least, write_json, writable_file
 from jaxspec import tree as trees
 from jaxspec.model import init_state
 
@@ -43,7 +42,11 @@ def features(target, seqs: np.ndarray, start: int, batch: int = 64):
 def fit_probe(x, y, head, epochs: int, batch: int = 1024, lr: float = 3e-3, seed: int = 0):
     """Softmax regression x [n, F] -> y [n] through the target's own lm_head: logits = (x @ w + b) @ head,
     head [D, V] frozen, so the probe has F x D weights (not F x V, which memorises 64K anchors) and reads
-    the vocabulary as the drafter does (Adam, minibatches). Returns (w, b)."""
+    the vocabulary as the drafter does (Adam, minibatches of min(batch, n) rows: fewer rows than `batch` are
+    one minibatch a step, not none). Returns (w, b)."""
+    if not len(x):
+        raise ValueError("fit_probe: no rows to fit")
+    batch = min(batch, len(x))
     rng = np.random.default_rng(seed)
     w = jnp.asarray(np.random.default_rng(seed).normal(0, 0.01, (x.shape[1], head.shape[0])), jnp.float32)
     b = jnp.zeros((head.shape[0],), jnp.float32)
@@ -78,8 +81,21 @@ def probe_inputs(h, anchor_emb, taps):
     return x, mu, sd
 
 
+def parse_taps(ap, text: str) -> list[tuple[int, ...]]:
+    """--taps as tap sets of layer numbers, or the parser's error naming the flag (layer ranges: once loaded)."""
+    try:
+        sets = [tuple(int(x) for x in s.split(",")) for s in text.split(";") if s]
+    except ValueError:
+        ap.error(f"--taps {text!r}: expected ';'-separated sets of comma-separated layer numbers, e.g. 1,4,6;7")
+    if not sets:
+        ap.error(f"--taps {text!r}: no tap set")
+    return sets
+
+
 def main(argv=None) -> int:
+    from convert.hf import CheckpointError
     from convert.store import load_model
+    from jaxspec.config import ConfigError
     from jaxspec.tokenizer import load_tokenizer
     from jaxspec.train import git_info, greedy_generate, machine, prompts_from, text_docs
 
@@ -88,20 +104,25 @@ def main(argv=None) -> int:
     ap.add_argument("--target", required=True, help="target checkpoint directory (HF layout)")
     ap.add_argument("--text", nargs="+", required=True, help="files or dirs: prompts to fit the probes on")
     ap.add_argument("--eval-text", nargs="+", required=True, help="files or dirs: held-out prompts to score them on")
-    ap.add_argument("--prompts", type=int, default=1024, help="fitting prompts")
-    ap.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts")
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--gen", type=int, default=64, help="greedy tokens after each prompt (anchors are among them)")
+    ap.add_argument("--prompts", type=at_least(1), default=1024, help="fitting prompts")
+    ap.add_argument("--eval-prompts", type=at_least(1), default=256, help="held-out prompts")
+    ap.add_argument("--prompt-len", type=at_least(1), default=64, help="tokens of each prompt, cut from the text")
+    ap.add_argument("--gen", type=at_least(2), default=64,
+                    help="greedy tokens after each prompt (anchors are among them: gen - 1 per prompt)")
     ap.add_argument("--taps", default="1,4,6;1,4,7;6;7;4;1", help="';'-separated tap sets (comma-separated layers)")
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epochs", type=at_least(1), default=4, help="passes of the probe's fit over the fitting anchors")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompts' choice (held-out: seed + 1) and the fit")
     ap.add_argument("--out", required=True, help="JSON result path")
     args = ap.parse_args(argv)
+    writable_file(ap, "--out", args.out)
+    tap_sets = parse_taps(ap, args.taps)
 
     t0 = time.time()
-    target = load_model(args.target, dtype="float32")
+    try:
+        target = load_model(args.target, dtype="float32")
+    except (ConfigError, CheckpointError, OSError) as e:
+        ap.error(f"--target {args.target}: {e}")
     tok = load_tokenizer(args.target)
-    tap_sets = [tuple(int(x) for x in s.split(",")) for s in args.taps.split(";") if s]
     bad = [s for s in tap_sets if not all(0 <= l < target.cfg.num_layers for l in s)]
     if bad:
         raise SystemExit(f"--taps {args.taps}: layers must lie in 0..{target.cfg.num_layers - 1}, got {bad}")
@@ -135,8 +156,7 @@ def main(argv=None) -> int:
            "commit": git_info()["commit"], "machine": machine(), "jax": jax.__version__, "target": args.target, "prompts": args.prompts, "eval_prompts": args.eval_prompts,
            "prompt_len": args.prompt_len, "gen": args.gen, "epochs": args.epochs, "seconds": time.time() - t0,
            "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    write_json(args.out, out)
     return 0
 
 

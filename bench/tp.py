@@ -16,7 +16,12 @@
    DFlash round, DDTree(B) round (inside the engine's device loop from a random state, no prefill:
    bench.harness.engine_rounds), verify(block) and verify(B + 1) back to back. --tp 1 gives the TP = 1 row.
 
-Optional phases are skipped past --deadline-s; the JSON (commit, machine, date) is rewritten after each.
+Phases are skipped past --deadline-s (0: no limit). While the run lasts, its JSON (commit, machine, date,
+`complete: false`) is rewritten atomically after each phase to OUT.partial, beside --out; --out itself is
+written once, when every phase asked for has run (`complete: true`), so an interrupted, failed or late rerun
+leaves an earlier result whole. Exit status: 0 done (and the tokens identical); 1 a method's TP = N tokens
+differ; 2 bad flags or a config that TP = N cannot shard; 3 phases skipped past --deadline-s (named in a
+summary on stderr; the partial result stays in OUT.partial); 130 interrupted (likewise).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,8 +42,10 @@ from jax.sharding import PartitionSpec as P
 
 from bench import harness as H
 from bench import rounds as R
+from bench.cli import at_least, write_json, writable_file
 from jaxspec import sharding as S
 from jaxspec import tree as trees
+from jaxspec.config import ConfigError
 from jaxspec.dflash import DFlash
 from jaxspec.drafter_config import qwen36_27b_dflash
 from jaxspec.engine import Engine
@@ -187,58 +195,73 @@ def time_rounds(cfg, dcfg, mesh, methods, contexts, args, res, save, late):
             save()
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default."""
+
+
 def main(argv=None):
     global _T0
     _T0 = time.perf_counter()       # the deadline counts from this call, not from the import (tests import early)
     ap = argparse.ArgumentParser(prog="python -m bench.tp", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape) or 'tiny'")
+                                 formatter_class=_Help)
+    ap.add_argument("--config", default="tiny",
+                    help="'real' (Qwen3.6-27B + z-lab drafter shape), 'tiny' (its heads and vocabulary made to shard "
+                         "up to TP = 4), or a target config.json path (its shape as written, a tiny drafter)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="dtype of the timed model")
-    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel degree to compare with TP = 1 and time")
-    ap.add_argument("--contexts", default="1024,32768", help="committed tokens for the timings")
-    ap.add_argument("--budget", type=int, default=64, help="DDTree budget")
-    ap.add_argument("--prompt", type=int, default=64, help="random prompt tokens for the identity check")
-    ap.add_argument("--new", type=int, default=32, help="greedy tokens generated per method for the check")
-    ap.add_argument("--identity-layers", type=int, default=0,
+    ap.add_argument("--tp", type=at_least(1), default=2,
+                    help="tensor-parallel degree to compare with TP = 1 and time")
+    ap.add_argument("--contexts", default="1024,32768",
+                    help="committed tokens for the timings ('': none, identity only)")
+    ap.add_argument("--budget", type=at_least(1), default=64, help="DDTree budget")
+    ap.add_argument("--prompt", type=at_least(1), default=64, help="random prompt tokens for the identity check")
+    ap.add_argument("--new", type=at_least(1), default=32, help="greedy tokens generated per method for the check")
+    ap.add_argument("--identity-layers", type=at_least(0), default=0,
                     help="target layers of the identity check's model (0: all; real widths either way)")
     ap.add_argument("--identity-dtype", default="float32", choices=("bfloat16", "float32"),
                     help="dtype of the identity check's model (float32 runs its matmuls at full precision)")
-    ap.add_argument("--layers", type=int, default=0,
+    ap.add_argument("--layers", type=at_least(0), default=0,
                     help="target layers of the timed model (0: all; real widths either way, drafter taps spread "
                          "over them): a quick probe of per-layer costs, e.g. TP overheads")
     ap.add_argument("--methods", default=None,
                     help="comma-separated subset of the timings (ar, dflash, ddtree<B> rounds; verify: verify(block) and "
-                         "verify(B + 1)); default all")
-    ap.add_argument("--rounds", type=int, default=8, help="rounds per device-loop call")
-    ap.add_argument("--k", type=int, default=10, help="back-to-back calls per verify timing")
+                         "verify(B + 1)); none given: all")
+    ap.add_argument("--rounds", type=at_least(1), default=8, help="rounds per device-loop call")
+    ap.add_argument("--k", type=at_least(1), default=10, help="back-to-back calls per verify timing")
     ap.add_argument("--skip-identity", action="store_true", help="timings only")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="also trace each method's rounds at the first context into DIR (bench.harness.trace_rounds; "
                          "add XLA_FLAGS=--xla_dump_to=DIR/hlo --xla_dump_hlo_as_text for the HLO bench.profile reads)")
-    ap.add_argument("--deadline-s", type=float, default=420, help="skip optional phases after this many seconds")
-    ap.add_argument("--out", default=None, help="JSON result path (rewritten after each phase)")
+    ap.add_argument("--deadline-s", type=at_least(0, float), default=420,
+                    help="skip the phases not started after this many seconds (0: no limit); exit status 3")
+    ap.add_argument("--out", default=None,
+                    help="JSON result path, written when the run completes (meanwhile: OUT.partial, after each phase)")
     args = ap.parse_args(argv)
+    writable_file(ap, "--out", args.out)
+    contexts = H.parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip() else []
 
-    _, cfg = H.resolve_config(args.config, args.dtype)
-    if args.config != "real":
+    try:
+        _, cfg = H.resolve_config(args.config, args.dtype)
+    except (ConfigError, OSError) as e:
+        ap.error(f"--config: {e}")
+    if args.config == "tiny":
         # Heads for TP up to 4 (kv heads repeated past 2) and a vocabulary that TP has to pad.
         cfg = cfg.replace(vocab_size=509, num_heads=8, linear_num_key_heads=4, linear_num_value_heads=8)
     dcfg = (qwen36_27b_dflash(args.dtype) if args.config == "real" else
             R.tiny_drafter(cfg).replace(num_heads=4, num_kv_heads=2, dtype=args.dtype))
-    contexts = [int(c) for c in args.contexts.split(",") if c]
-    res = dict(kind="tp", config=args.config, tp=args.tp, contexts=contexts, budget=args.budget,
+    res = dict(kind="tp", config=args.config, tp=args.tp, contexts=contexts, budget=args.budget, dtype=args.dtype,
+               layers=args.layers or cfg.num_layers,
                identity_layers=args.identity_layers or cfg.num_layers, identity_dtype=args.identity_dtype,
                git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(), identity={}, timings={},
-               allreduce={}, skipped=[])
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(), complete=False, identity={},
+               timings={}, allreduce={}, skipped=[])
+    partial = args.out and args.out + ".partial"
 
     def save():
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(res, f, indent=1)
+        if partial:
+            write_json(partial, res)
 
     def late(name):
-        if time.perf_counter() - _T0 > args.deadline_s:
+        if args.deadline_s and time.perf_counter() - _T0 > args.deadline_s:
             res["skipped"].append(name)
             log(f"past the deadline: skipping {name}")
             save()
@@ -249,10 +272,22 @@ def main(argv=None):
     methods = args.methods.split(",") if args.methods else known
     if sorted(set(methods) - set(known)):
         raise SystemExit(f"--methods {args.methods}: unknown {sorted(set(methods) - set(known))}; choose from {known}")
-    mesh = S.make_mesh(args.tp, 1)
-    S.check_target(cfg, args.tp)
-    S.check_drafter(dcfg, args.tp)
+    try:
+        mesh = S.make_mesh(args.tp, 1)
+        S.check_target(cfg, args.tp)
+        S.check_drafter(dcfg, args.tp)
+    except ConfigError as e:
+        ap.error(str(e))
     log(f"devices {jax.devices()}; mesh {dict(mesh.shape)}")
+    try:
+        return run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, partial)
+    except KeyboardInterrupt:
+        log(f"interrupted: {args.out or 'no --out'} left as it was" + (f"; so far: {partial}" if partial else ""))
+        return 130
+
+
+def run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, partial):
+    """The three phases, then the summary (and --out if every phase ran); main's exit status."""
 
     # 1. identity TP = 1 vs TP = N
     if not args.skip_identity:
@@ -263,7 +298,6 @@ def main(argv=None):
 
     if args.layers:  # the timed model from here on
         cfg, dcfg = identity_configs(cfg, dcfg, args.layers, args.dtype)
-        res["layers"] = args.layers
 
     # 2. all-reduces per round at the round's sizes
     bs = dcfg.block_size
@@ -286,11 +320,20 @@ def main(argv=None):
         time_rounds(cfg, dcfg, mesh, methods, contexts, args, res, save, late)
 
     res["total_s"] = time.perf_counter() - _T0
+    res["complete"] = not res["skipped"]
     save()
     print(json.dumps({k: v for k, v in res.items() if k != "identity"} | {
         "identity": {k: {kk: vv for kk, vv in v.items() if not kk.startswith("tokens")} for k, v in res["identity"].items()}},
         indent=1))
     ok = all(v.get("identical", True) for v in res["identity"].values())
+    if res["skipped"]:
+        log(f"INCOMPLETE: {len(res['skipped'])} phase(s) skipped past --deadline-s {args.deadline_s:g}: "
+            f"{', '.join(res['skipped'])}" + (f"; the result is in {partial}, {args.out} left as it was" if partial
+                                               else ""))
+        return 3 if ok else 1
+    if partial:
+        write_json(args.out, res)
+        os.unlink(partial)
     return 0 if ok else 1
 
 

@@ -8,6 +8,9 @@ methods). Per context: each round's median ms at every TP, its ratio to TP = 1, 
 acceptance for Qwen3.5-27B + DFlash). Verify rows are wall time of back-to-back calls, comparable across TP
 degrees (the JSONs' device_ms summed a multi-GPU call's kernels over its GPUs before session 13's
 bench.profile.busiest). Then the all-reduce microbench per round.
+
+Refused: inputs of different config, budget, commit, timed layers (--layers) or dtype, and incomplete runs (no
+total_s, or complete: false: interrupted, failed or past bench.tp's deadline).
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ import json
 import sys
 from pathlib import Path
 
+from bench.cli import writable_file
+from jaxspec.files import write_atomic
+
 ROOFLINE_MS = 11.9  # ms, one 27B decode step's roofline on one H200 (DESIGN.md section 5)
 
 
 def load(paths):
-    """{tp: merged result} from bench.tp JSONs; refuses files of another config, budget or commit."""
+    """{tp: merged result} from bench.tp JSONs; refuses incomplete runs and files of another config, budget, commit,
+    layers or dtype (a JSON without layers or dtype: the full model, in a dtype it did not record)."""
     by_tp = {}
     first = None
     for p in paths:
@@ -31,11 +38,14 @@ def load(paths):
             raise SystemExit(f"{p}: not a readable bench.tp JSON ({e})")
         if r.get("kind") != "tp":
             raise SystemExit(f"{p}: kind {r.get('kind')!r}, expected 'tp' (a bench.tp result)")
-        key = (r["config"], r["budget"], r["git"].get("commit"))
+        if "total_s" not in r or r.get("complete") is False:
+            raise SystemExit(f"{p}: an incomplete bench.tp run (interrupted, failed or past its deadline; "
+                             f"skipped: {r.get('skipped', [])}); rerun it")
+        key = (r["config"], r["budget"], r["git"].get("commit"), r.get("layers"), r.get("dtype"))
         if first is None:
             first = (p, key)
         elif key != first[1]:
-            raise SystemExit(f"{p}: (config, budget, commit) {key} differs from {first[0]}'s {first[1]}")
+            raise SystemExit(f"{p}: (config, budget, commit, layers, dtype) {key} differs from {first[0]}'s {first[1]}")
         m = by_tp.setdefault(r["tp"], dict(timings={}, allreduce={}, files=[], machine=r["machine"], date=r["date"]))
         m["files"].append(Path(p).name)
         for ctx, rows in r["timings"].items():
@@ -47,7 +57,7 @@ def load(paths):
 
 
 def table(by_tp, key, tau):
-    config, budget, commit = key
+    config, budget, commit, layers, dtype = key
     tps = sorted(by_tp)
     rows = ["ar_round", "verify16", f"verify{budget + 1}", "dflash_round", f"ddtree{budget}_round"]
     names = {"ar_round": "AR round", "verify16": "verify(16)", f"verify{budget + 1}": f"verify({budget + 1})",
@@ -55,7 +65,8 @@ def table(by_tp, key, tau):
     ctxs = sorted({c for m in by_tp.values() for c in m["timings"]}, key=int)
     machines = ", ".join(f"TP = {t}: {by_tp[t]['machine'].get('device_count')}x {by_tp[t]['machine'].get('device_kind')}"
                          f" ({', '.join(by_tp[t]['files'])})" for t in tps)
-    out = [f"# TP = {' / '.join(map(str, tps))}, {config} shape, commit {commit}", "",
+    shape = f"{config} shape" + (f", {layers} layers" if layers else "") + (f", {dtype}" if dtype else "")
+    out = [f"# TP = {' / '.join(map(str, tps))}, {shape}, commit {commit}", "",
            f"Median ms per round from `bench.tp` ({machines}); made by `bench.tp_table`.",
            f"tok/s: AR 1 token per round; DFlash / DDTree {tau} tokens per round. Roofline of one 27B decode step on "
            f"one H200: {ROOFLINE_MS} ms. Verify rows: wall time of back-to-back calls.", ""]
@@ -81,14 +92,15 @@ def table(by_tp, key, tau):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.tp_table", description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="bench.tp JSON results (one or more per TP degree; TP = 1 required)")
     ap.add_argument("--tau", type=float, default=9.18, help="tokens per DFlash / DDTree round for the tok/s columns")
     ap.add_argument("--out", default=None, help="write the markdown here (default: stdout)")
     args = ap.parse_args(argv)
+    writable_file(ap, "--out", args.out)
     text = table(*load(args.files), args.tau)
     if args.out:
-        Path(args.out).write_text(text)
+        write_atomic(args.out, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import datetime
 import sys
 from pathlib import Path
 
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.harness import parse_contexts
+from bench.cli import at_least, write_json, writable_file
+from bench.harness import git_info, machine_info, parse_contexts
 from bench.profile import load_events, trace
 from bench.rounds import back_to_back
 from jaxspec import ddtree
@@ -71,12 +72,14 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="63,64", help="tree budgets (default: %(default)s)")
     ap.add_argument("--vocab", type=int, default=248320, help="vocabulary (default: %(default)s, Qwen3.6's)")
     ap.add_argument("--depth", type=int, default=15, help="drafted depths (default: %(default)s, block 16)")
-    ap.add_argument("--k", type=int, default=20, help="calls per timed batch (default: %(default)s)")
-    ap.add_argument("--out", help="write the results as JSON here")
-    ap.add_argument("--kernels", type=int, default=0, help="list each build's N longest kernels (default: none)")
+    ap.add_argument("--k", type=at_least(1), default=20, help="calls per timed batch (default: %(default)s)")
+    ap.add_argument("--out", help="write the results as JSON here (with the commit, machine and date)")
+    ap.add_argument("--kernels", type=at_least(0), default=0,
+                    help="list each build's N longest kernels (default: none)")
     ap.add_argument("--hlo-dir", help="write each build's optimised HLO here (tree_build_bB.hlo.txt)")
     ap.add_argument("--variants", default="plain", help="plain and/or materialized (default: %(default)s)")
     args = ap.parse_args(argv)
+    writable_file(ap, "--out", args.out)
     budgets = parse_contexts(ap, "--budgets", args.budgets)   # positive integers, or an error naming the flag
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS):
@@ -87,7 +90,9 @@ def main(argv=None) -> int:
     logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (1, args.depth, args.vocab)) * 4, -1)
     root = jnp.ones((1,), jnp.int32)
     res = {"vocab": args.vocab, "depth": args.depth, "backend": jax.default_backend(),
-           "device": jax.devices()[0].device_kind, "top_k": ddtree.top_k_method(64 * 64), "runs": {}}
+           "device": jax.devices()[0].device_kind, "top_k": ddtree.top_k_method(64 * 64), "git": git_info(),
+           "machine": machine_info(), "runs": {},
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for b in budgets:
         trees = {}
         for v in variants:
@@ -112,8 +117,7 @@ def main(argv=None) -> int:
                 print(f"tree_build B={b}: variant {v} built another tree than {variants[0]}", file=sys.stderr)
                 return 1
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+        write_json(args.out, res)
     return 0
 
 

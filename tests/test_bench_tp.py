@@ -54,3 +54,75 @@ def test_bench_tp_identity_only(tmp_path):
     assert rc == 0 and res["timings"] == {} and res["contexts"] == []
     assert set(res["identity"]) == {"ar", "dflash", "ddtree4"}
     assert all(v["identical"] for v in res["identity"].values()), res["identity"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--contexts=-64"], "--contexts: expected positive"), (["--contexts", "abc"], "--contexts: expected integers"),
+    (["--prompt", "0"], "--prompt: must be >= 1"), (["--tp", "0"], "--tp: must be >= 1"),
+    (["--tp", "16"], "needs 16 devices"), (["--tp", "3"], "--tp 3"), (["--deadline-s", "-1"], "--deadline-s"),
+    (["--config", "/nonexistent/config.json"], "--config: /nonexistent/config.json"), (["--out", "."], "directory")])
+def test_bench_tp_refuses_bad_flags_at_once(flags, message, capsys):
+    """Nonsense flags, a TP degree the devices or heads cannot take, a config or --out that cannot be used: one
+    line naming the flag and exit status 2, before any model is made."""
+    with pytest.raises(SystemExit) as e:
+        tp.main(["--config", "tiny", "--skip-identity", "--methods", "ar", "--budget", "4"] + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_bench_tp_config_path_keeps_its_shape(tmp_path, monkeypatch):
+    """A config.json --config is timed at its own shape: the tiny config's TP overrides (vocab 509, 8 heads)
+    are for 'tiny' only."""
+    from tests.conftest import TINY
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="qwen3_5_text")))
+    seen = {}
+
+    def stop(cfg, tp_):
+        seen["cfg"] = cfg
+        raise SystemExit("stopped")
+    monkeypatch.setattr(tp.S, "check_target", stop)
+    with pytest.raises(SystemExit, match="stopped"):
+        tp.main(["--config", str(tmp_path / "config.json"), "--skip-identity", "--contexts", ""])
+    assert (seen["cfg"].vocab_size, seen["cfg"].num_heads, seen["cfg"].linear_num_value_heads) == (512, 4, 6)
+
+
+def test_bench_tp_deadline_zero_is_no_limit_and_records_dtype(tmp_path):
+    """--deadline-s 0 skips nothing (as in bench.harness and bench.table); the JSON names the timed dtype and
+    layers and says the run completed; no partial file is left beside it."""
+    out = tmp_path / "sub" / "tp.json"
+    rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "2", "--contexts", "", "--skip-identity",
+                  "--budget", "4", "--layers", "2", "--deadline-s", "0", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["skipped"] == [] and set(res["allreduce"]) == {"ar_round", "dflash_round", "ddtree4_round"}
+    assert res["dtype"] == "float32" and res["layers"] == 2 and res["complete"] is True
+    assert not (tmp_path / "sub" / "tp.json.partial").exists()
+
+
+def test_bench_tp_skipped_phase_fails_loudly_and_keeps_the_old_result(tmp_path, capsys):
+    """A phase skipped past --deadline-s: exit status 3, a summary naming it, the earlier --out untouched and the
+    partial result (complete: false) in OUT.partial."""
+    out = tmp_path / "tp.json"
+    out.write_text('{"earlier": "complete"}')
+    rc = tp.main(["--config", "tiny", "--tp", "2", "--contexts", "", "--skip-identity", "--budget", "4",
+                  "--deadline-s", "1e-9", "--out", str(out)])
+    assert rc == 3 and "INCOMPLETE" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == {"earlier": "complete"}
+    part = json.loads((tmp_path / "tp.json.partial").read_text())
+    assert part["complete"] is False and part["skipped"] == ["allreduce"]
+
+
+def test_bench_tp_failed_rerun_keeps_the_old_result(tmp_path, monkeypatch):
+    """A rerun that fails after its first phases leaves a complete earlier --out whole; what it had is in
+    OUT.partial, marked complete: false."""
+    out = tmp_path / "tp.json"
+    out.write_text('{"earlier": "complete"}')
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(tp, "time_rounds", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        tp.main(["--config", "tiny", "--tp", "2", "--contexts", "40", "--skip-identity", "--budget", "4",
+                 "--out", str(out)])
+    assert json.loads(out.read_text()) == {"earlier": "complete"}
+    part = json.loads((tmp_path / "tp.json.partial").read_text())
+    assert part["complete"] is False and part["allreduce"] and "total_s" not in part
