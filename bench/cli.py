@@ -33,13 +33,18 @@ def writable_file(ap: argparse.ArgumentParser, flag: str, path: str | None, *, m
         ap.error(f"{flag} {path}: is a directory; name a file")
     if must_not_exist and p.exists():
         ap.error(f"{flag} {path}: exists; name a new file")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        ap.error(f"{flag} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        ap.error(f"{flag} {path}: {parent} is not writable")
+    writable_dir(ap, flag, path, p.parent)
+
+
+def writable_dir(ap: argparse.ArgumentParser, flag: str, path: str, d: Path) -> None:
+    """The parser's error naming `flag` and `path` unless directory `d` exists and is writable, or its nearest
+    existing parent is (the missing ones are made when written)."""
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        ap.error(f"{flag} {path}: {d} is not a directory")
+    if not os.access(d, os.W_OK | os.X_OK):
+        ap.error(f"{flag} {path}: {d} is not writable")
 
 
 def write_json(path: str | Path, data) -> None:

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.cli import at_least, write_json
+from bench.cli import at_least, writable_dir, write_json
 from bench.harness import parse_contexts, resolve_config
 from jaxspec.config import ConfigError
 from jaxspec.files import write_atomic
@@ -236,18 +236,9 @@ def markdown(table: dict, head: str) -> str:
 def check_out(ap: argparse.ArgumentParser, path: str) -> None:
     """The parser's error unless --out can hold the table: a directory, new (its nearest existing parent writable)
     or existing and writable. The table replaces only its own files there (the parts' JSONs, table.*); others stay."""
-    p = Path(path)
-    if not p.is_dir():
-        if p.exists():
-            ap.error(f"--out {path}: is a file; name a directory")
-        parent = p.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not parent.is_dir():
-            ap.error(f"--out {path}: {parent} is not a directory")
-        p = parent
-    if not os.access(p, os.W_OK | os.X_OK):
-        ap.error(f"--out {path}: {p} is not writable")
+    if Path(path).exists() and not Path(path).is_dir():
+        ap.error(f"--out {path}: is a file; name a directory")
+    writable_dir(ap, "--out", path, Path(path))
 
 
 def main(argv=None) -> int:
