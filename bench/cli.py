@@ -52,3 +52,30 @@ def write_json(path: str | Path, data) -> None:
     interrupted or failed write leaves the previous file whole)."""
     from jaxspec.files import write_atomic
     write_atomic(path, json.dumps(data, indent=1) + "\n")
+
+
+class StagedResult:
+    """A result JSON written whole after each phase (`save`), marked "complete": false by its caller until `finish`.
+    A finished earlier result at `out` (any file not so marked) is never lost: the phases then go to OUT.partial,
+    and `out` is replaced only by `finish`, which removes OUT.partial. Without one, the phases go to `out` itself."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.keeps_earlier = self.out.exists() and not _marked_incomplete(self.out)
+        self.path = self.partial if self.keeps_earlier else self.out
+
+    def save(self, data) -> None:
+        write_json(self.path, data)
+
+    def finish(self, data) -> None:
+        write_json(self.out, data)
+        self.path = self.out
+        self.partial.unlink(missing_ok=True)
+
+
+def _marked_incomplete(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("complete") is False
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 
 from bench import profile
-from bench.cli import at_least, writable_file, write_json
+from bench.cli import StagedResult, at_least, writable_file
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.provenance import git_info
@@ -808,14 +808,6 @@ def parse_args(argv=None):
     return args
 
 
-def _partial(path: Path) -> bool:
-    """Whether `path` is a result this harness marked incomplete (a file it may overwrite before it completes)."""
-    try:
-        return json.loads(path.read_text()).get("complete") is False
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def main(argv=None) -> dict:
     global _T0
     _T0 = time.perf_counter()       # the deadline counts from this call, not from the import (tests import early)
@@ -826,10 +818,7 @@ def main(argv=None) -> dict:
     dump = Path(args.dump_dir) if args.dump_dir else None
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
-    out_path = Path(args.out)
-    # Where --out holds a finished earlier result, the phases go to OUT.partial until this run completes.
-    keep = out_path.exists() and not _partial(out_path)
-    save_path = out_path.with_name(out_path.name + ".partial") if keep else out_path
+    staged = StagedResult(args.out)      # a finished earlier --out stays until this run completes
     res = dict(
         complete=False, harness="bench.harness", config_name=name, config=dataclasses.asdict(cfg),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -838,7 +827,7 @@ def main(argv=None) -> dict:
         command=" ".join(sys.argv) if argv is None else "main(" + " ".join(argv) + ")",
         skipped=[])
 
-    def save():
+    def save(final: bool = False):
         d = jax.devices()[0]
         try:
             ms = d.memory_stats() or {}
@@ -846,10 +835,11 @@ def main(argv=None) -> dict:
         except Exception:  # not every backend reports memory
             pass
         res["wall_s"] = time.perf_counter() - _T0
-        write_json(save_path, json.loads(json.dumps(res, default=str)))   # (default=str: any odd value as text)
+        data = json.loads(json.dumps(res, default=str))      # (default=str: any odd value as text)
+        staged.finish(data) if final else staged.save(data)
 
-    if keep:
-        log(f"{out_path} holds an earlier result, replaced only when this run completes (until then: {save_path})")
+    if staged.keeps_earlier:
+        log(f"{args.out} holds an earlier result, replaced only when this run completes (until then: {staged.path})")
     log(f"{name} on {res['machine']['device_kind']} ({res['machine']['platform']}), jax {jax.__version__}")
     res["copy_bandwidth"] = measure_copy(args.copy_gib, args.ceiling_iters)
     copy_tb_s = res["copy_bandwidth"]["tb_s"]
@@ -892,10 +882,7 @@ def main(argv=None) -> dict:
             save()
 
     res["complete"] = True
-    save_path = out_path
-    save()
-    if keep:
-        out_path.with_name(out_path.name + ".partial").unlink(missing_ok=True)
+    save(final=True)
     log("summary:")
     log(f"  copy {copy_tb_s:.3f} TB/s, matmul {res['matmul']['tflop_s']:.1f} TFLOP/s")
     for d in res["decode"]:
@@ -909,7 +896,7 @@ def main(argv=None) -> dict:
             f" {p['tflop_s_2NP']:.1f} TFLOP/s")
     if res["skipped"]:
         log(f"  skipped (deadline): {res['skipped']}")
-    log(f"wrote {out_path}")
+    log(f"wrote {args.out}")
     return res
 
 

@@ -17,11 +17,11 @@
    bench.harness.engine_rounds), verify(block) and verify(B + 1) back to back. --tp 1 gives the TP = 1 row.
 
 Phases are skipped past --deadline-s (0: no limit). While the run lasts, its JSON (commit, machine, date,
-`complete: false`) is rewritten atomically after each phase to OUT.partial, beside --out; --out itself is
-written once, when every phase asked for has run (`complete: true`), so an interrupted, failed or late rerun
-leaves an earlier result whole. Exit status: 0 done (and the tokens identical); 1 a method's TP = N tokens
-differ; 2 bad flags or a config that TP = N cannot shard; 3 phases skipped past --deadline-s (named in a
-summary on stderr; the partial result stays in OUT.partial); 130 interrupted (likewise).
+`complete: false`) is rewritten whole after each phase, as bench.harness does (bench/cli.StagedResult): where --out
+holds a finished earlier result, to OUT.partial, and --out is replaced only when every phase asked for has run
+(`complete: true`), so an interrupted, failed or late rerun leaves it whole. Exit status: 0 done (and the tokens
+identical); 1 a method's TP = N tokens differ; 2 bad flags or a config that TP = N cannot shard; 3 phases skipped
+past --deadline-s (named in a summary on stderr, with the file the partial result is in); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from bench import harness as H
 from bench import rounds as R
-from bench.cli import at_least, write_json, writable_file
+from bench.cli import StagedResult, at_least, writable_file
 from jaxspec import sharding as S
 from jaxspec import tree as trees
 from jaxspec.config import ConfigError
@@ -234,7 +233,8 @@ def main(argv=None):
     ap.add_argument("--deadline-s", type=at_least(0, float), default=420,
                     help="skip the phases not started after this many seconds (0: no limit); exit status 3")
     ap.add_argument("--out", default=None,
-                    help="JSON result path, written when the run completes (meanwhile: OUT.partial, after each phase)")
+                    help="JSON result path; a finished one there is replaced only when this run completes (meanwhile: "
+                    "OUT.partial)")
     args = ap.parse_args(argv)
     writable_file(ap, "--out", args.out)
     contexts = H.parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip() else []
@@ -254,11 +254,11 @@ def main(argv=None):
                git=H.git_info(), machine=H.machine_info(), versions=H.versions(),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(), complete=False, identity={},
                timings={}, allreduce={}, skipped=[])
-    partial = args.out and args.out + ".partial"
+    staged = StagedResult(args.out) if args.out else None     # a finished earlier --out stays until this run completes
 
     def save():
-        if partial:
-            write_json(partial, res)
+        if staged:
+            staged.save(res)
 
     def late(name):
         if args.deadline_s and time.perf_counter() - _T0 > args.deadline_s:
@@ -280,13 +280,13 @@ def main(argv=None):
         ap.error(str(e))
     log(f"devices {jax.devices()}; mesh {dict(mesh.shape)}")
     try:
-        return run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, partial)
+        return run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, staged)
     except KeyboardInterrupt:
-        log(f"interrupted: {args.out or 'no --out'} left as it was" + (f"; so far: {partial}" if partial else ""))
+        log(f"interrupted: {args.out or 'no --out'}" + (f": so far in {staged.path}" if staged else ""))
         return 130
 
 
-def run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, partial):
+def run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, staged):
     """The three phases, then the summary (and --out if every phase ran); main's exit status."""
 
     # 1. identity TP = 1 vs TP = N
@@ -328,12 +328,10 @@ def run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, partial):
     ok = all(v.get("identical", True) for v in res["identity"].values())
     if res["skipped"]:
         log(f"INCOMPLETE: {len(res['skipped'])} phase(s) skipped past --deadline-s {args.deadline_s:g}: "
-            f"{', '.join(res['skipped'])}" + (f"; the result is in {partial}, {args.out} left as it was" if partial
-                                               else ""))
+            f"{', '.join(res['skipped'])}" + (f"; the result is in {staged.path}" if staged else ""))
         return 3 if ok else 1
-    if partial:
-        write_json(args.out, res)
-        os.unlink(partial)
+    if staged:
+        staged.finish(res)
     return 0 if ok else 1
 
 
