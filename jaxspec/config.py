@@ -43,6 +43,9 @@ class TargetConfig:
     # Rows of the embedding / columns of lm_head when tensor parallelism pads the vocabulary to a multiple
     # of its degree (jaxspec/sharding.py); 0 = vocab_size. Padded logits are -inf.
     padded_vocab: int = 0
+    # The longest sequence (prompt + generated tokens) the model was trained for, from config.json; 0 = not known,
+    # no bound. Engine.generate refuses requests beyond it. Not part of equality or the hash: it changes no program.
+    max_position_embeddings: int = dataclasses.field(default=0, compare=False)
 
     @property
     def vocab_rows(self) -> int:
@@ -89,6 +92,8 @@ class TargetConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_position_embeddings < 0:
+            raise ConfigError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads ({self.num_heads}) is not a multiple of "
                               f"num_key_value_heads ({self.num_kv_heads})")
@@ -250,6 +255,7 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
             rms_norm_eps=opt("rms_norm_eps", 1e-6, as_float),
             tie_word_embeddings=tie,
             eos_token_ids=eos,
+            max_position_embeddings=opt("max_position_embeddings", 0),
             dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         )
     except ConfigError as e:
@@ -275,4 +281,4 @@ def qwen36_27b(dtype: str = "bfloat16") -> TargetConfig:
         layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(64)),
         num_heads=24, num_kv_heads=4, head_dim=256, rotary_dim=64, rope_theta=1e7,
         linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
-        conv_kernel=4, eos_token_ids=(248046, 248044), dtype=dtype)
+        conv_kernel=4, eos_token_ids=(248046, 248044), max_position_embeddings=262144, dtype=dtype)

@@ -420,7 +420,12 @@ class Engine:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         prompts = check_prompts(prompts, self.cfg.vocab_size)
-        need = max(len(p) for p in prompts) + max_new_tokens + self.spec.tree_size
+        longest, bound = max(len(p) for p in prompts), self.cfg.max_position_embeddings
+        if bound and longest + max_new_tokens > bound:
+            raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                             f"max_position_embeddings ({bound}, from its config.json): positions beyond it were "
+                             "never trained; shorten the prompt or ask for fewer new tokens")
+        need = longest + max_new_tokens + self.spec.tree_size
         max_len = max_len or default_max_len(need)
         if need > max_len:
             raise ValueError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens ({max_new_tokens}) "

@@ -162,3 +162,25 @@ def test_integer_drafter_tensors_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'norm\.weight' is stored as int32; "
                                               r"only floating-point"):
         load_drafter(tmp_path)
+
+
+def test_requests_beyond_max_position_embeddings_are_refused(target, tiny_hf, tmp_path):
+    """config.json's max_position_embeddings bounds prompt + new tokens (positions past it were never trained);
+    the cache's extra slots for the tree may lie past it."""
+    import shutil
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_hf[0], model_dir)
+    hf = json.loads((model_dir / "config.json").read_text())
+    hf["max_position_embeddings"] = 12
+    (model_dir / "config.json").write_text(json.dumps(hf))
+    short = load_target(model_dir, dtype="float32")
+    assert short.cfg.max_position_embeddings == 12 and short.cfg == target.cfg
+    engine = Engine(short)
+    assert engine.generate(P, 7).tokens == Engine(target).generate(P, 7).tokens   # 5 + 7 = 12: allowed
+    with pytest.raises(ValueError, match=r"prompt \(5 tokens\) \+ max_new_tokens \(8\) exceeds the model's "
+                                         r"max_position_embeddings \(12, from its config.json\)"):
+        engine.generate([[1, 2], P[0]], 8)
+    hf["max_position_embeddings"] = -3
+    (model_dir / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ConfigError, match=r"config.json: max_position_embeddings must be positive, got -3"):
+        load_target_config(model_dir)

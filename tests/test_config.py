@@ -73,6 +73,7 @@ def test_real_27b_config():
     cfg = target_config_from_hf(REAL)
     # config.json names one EOS; generation_config.json adds <|im_end|> 248046, which qwen36_27b() carries.
     assert cfg.eos_token_ids == (248044,)
+    assert cfg.max_position_embeddings == 262144 == qwen36_27b().max_position_embeddings
     assert cfg.replace(eos_token_ids=qwen36_27b().eos_token_ids) == qwen36_27b()
     assert (cfg.conv_dim, cfg.rotary_dim, len(cfg.full_layers), cfg.full_layers[:2]) == (10240, 64, 16, (3, 7))
 
