@@ -144,7 +144,7 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
     # of generation_config.json, which is copied along), so a model loaded from `src_dir` always passes.
     src_cfg = kind.load_config(src_dir, model.cfg.dtype)
     if src_cfg != model.cfg:
-        raise CheckpointError(f"{config_path}: does not describe this model (config {src_cfg} vs model {model.cfg})")
+        raise CheckpointError(_not_described(config_path, src_cfg, model))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in _stale_temp_dirs(out_dir):
@@ -174,6 +174,22 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
     return out_dir
+
+
+def _not_described(config_path: Path, cfg, model) -> str:
+    """Why `config_path` (config `cfg`) does not describe `model`: the fields that differ; for a model in the
+    tensor-parallel layout of jaxspec/sharding.py (loaded with mesh=: kv heads repeated, vocabulary padded), that
+    the unsharded model is what is saved."""
+    from jaxspec import sharding as S
+    from jaxspec.export import model_tp_degree
+    diff = "; ".join(f"{f.name} {getattr(cfg, f.name)!r} ({config_path.name}) vs {getattr(model.cfg, f.name)!r} "
+                     "(model)" for f in dataclasses.fields(cfg)
+                     if f.compare and getattr(cfg, f.name) != getattr(model.cfg, f.name))
+    tp = model_tp_degree(model)
+    if tp > 1 and S.tp_config(cfg, tp) == model.cfg:
+        return (f"{config_path}: does not describe this model, which is in a {tp}-way tensor-parallel layout "
+                f"({diff}): save the unsharded model (loaded without mesh=)")
+    return f"{config_path}: does not describe this model: {diff}"
 
 
 def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Path], *, overwrite: bool) -> None:
@@ -331,8 +347,7 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
         try:
             meta_tree = getattr(ckptr.metadata(params).item_metadata, "tree", None)
         except Exception as e:  # Orbax raises many types for a damaged dir
-            raise CheckpointError(f"{params}: cannot read the Orbax checkpoint ({type(e).__name__}: "
-                                  f"{_first_line(e)})") from None
+            raise CheckpointError(f"{params}: cannot read the Orbax checkpoint ({_cause(e)[1]})") from None
         if meta_tree is None:
             raise CheckpointError(f"{params}: no readable Orbax metadata; the checkpoint is damaged or incomplete")
         stored = _flatten(meta_tree)
@@ -351,8 +366,9 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
         try:
             restored = _flatten(ckptr.restore(params, target))
         except Exception as e:
-            raise CheckpointError(f"{params}: cannot restore the Orbax checkpoint, it is damaged "
-                                  f"({type(e).__name__}: {_first_line(e)})") from None
+            key, why = _cause(e)
+            raise CheckpointError(f"{params}: cannot restore the Orbax checkpoint, it is damaged"
+                                  f"{f': param {key!r}' if key else ''} ({why})") from None
     values = {p: restored[k] for k, (p, _) in want.items()}
     if meta["version"] != kind.version:
         values = kind.upgrade(cfg, meta["version"], values, sharding)
@@ -361,10 +377,33 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
     return assemble(graphdef, flat, values)
 
 
+# TensorStore's error on a read names the param's key in the OCDBT database: `Error reading "KEY/CHUNK" ...`, where
+# KEY is the param path joined by "." and CHUNK the chunk's grid index ("0.0").
+_READING = re.compile(r'Error reading "([^"/]+)(?:/[0-9.]*)?"')
+
+
 def _first_line(e: BaseException, limit: int = 300) -> str:
-    # TensorStore errors carry a whole JSON spec; the first line says what went wrong.
+    # The first line, cut before "See full TensorStore details:": Orbax's error on a failed read goes on with the
+    # repr of a bound method holding the whole TensorStore spec, over many lines. It names only the array index;
+    # the param and what went wrong are in the error it was raised from (`_cause`).
     text = str(e).strip().splitlines()
-    return text[0][:limit] if text else ""
+    return text[0].split(" See full TensorStore details")[0][:limit] if text else ""
+
+
+def _cause(e: BaseException) -> tuple[str | None, str]:
+    """(the param an Orbax read error is about, None where no error says; "Type: what went wrong" in a line).
+    Orbax raises its own error from TensorStore's, which names the param's key and the cause (`ValueError:
+    FAILED_PRECONDITION: Error reading "embed_tokens/0.0" in OCDBT database ...: Truncated Zstd-compressed
+    stream`), so the chain (__cause__, else __context__) is walked for it."""
+    chain, x = [], e
+    while x is not None and all(x is not c for c in chain):
+        chain.append(x)
+        x = x.__cause__ or x.__context__
+    for x in chain:
+        m = _READING.search(str(x))
+        if m:
+            return m.group(1), f"{type(x).__name__}: {_first_line(x)}"
+    return None, f"{type(e).__name__}: {_first_line(e)}"
 
 
 def _read_meta(out_dir: Path, kind: Kind) -> dict:

@@ -23,7 +23,8 @@ from jaxspec import tree as trees
 from jaxspec.config import ConfigError
 from jaxspec.model import Qwen35, State, commit, init_state
 from jaxspec.sampling import Sampling, categorical, choose, log_probs
-from jaxspec.sharding import constrain_state, dp_degree, state_maker
+from jaxspec.sharding import check_laid_out, check_mesh, constrain_state, dp_degree, state_maker
+from pallas_kernels.dispatch import check_flags
 
 
 def accept(tree: trees.Tree, tokens, target_choice):
@@ -265,7 +266,10 @@ class Engine:
                  stop_tokens=(), prefill_chunk: int = 256, mesh=None):
         """mesh: the (data, model) mesh that `model` and the speculator's params were sharded on
         (jaxspec/sharding.py); the state is created and kept in its shardings."""
+        check_flags()       # a misspelt JAXSPEC_* flag (or one since removed) would choose nothing
         self.cfg = model.cfg
+        if mesh is not None:    # a mesh jaxspec can shard on, and the model laid out on it (else errors deep in jit)
+            check_laid_out(model, check_mesh(mesh))
         self.mesh = mesh
         self.spec = speculator or AR()
         want = getattr(self.spec, "target_cfg", None)     # the target config a DFlash / MTP was checked against

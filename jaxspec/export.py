@@ -3,7 +3,10 @@
 `export_target` writes the flat `qwen3_5_text` layout (config.json, model-0000i-of-0000n.safetensors shards of
 at most `max_shard_bytes`, model.safetensors.index.json, generation_config.json); `export_drafter` writes z-lab's
 DFlash layout (config.json + one flat-key model.safetensors). `convert.hf.load_target` and
-`convert.drafter.load_drafter` read them back bit for bit (tests/test_train.py).
+`convert.drafter.load_drafter` read them back bit for bit (tests/test_train.py). A model in the tensor-parallel
+layout of jaxspec/sharding.py (kv heads repeated, vocabulary padded) is written in the unsharded one (`unsharded`).
+Tokenizer files are not written: the caller adds them (jaxspec/train.py `save_tokenizer`); those already in the
+output dir stay.
 """
 
 from __future__ import annotations
@@ -15,15 +18,22 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import jax
 import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.files import replace_dir
+from jaxspec.files import blocking_file, replace_dir
 
 INDEX_NAME = "model.safetensors.index.json"
+# Weights an export does not write but that a load would read with its own: an earlier model's MTP head
+# (convert/hf.py MTP_FILE) goes with the rest of that model's weights.
+STALE_WEIGHTS = ("mtp.safetensors",)
+# What makes a dir a converted (Orbax) checkpoint (convert/store.py META, PARAMS): a load reads its params/, never
+# the exported weights, so an export refuses such a dir rather than write beside it or delete it.
+CONVERTED = ("jaxspec.json", "params")
 
 
 @contextlib.contextmanager
@@ -33,6 +43,7 @@ def staged_dir(out: str | Path, keep: Callable[[Path], bool] | None = None):
     `out` is moved aside, the sibling renamed into place, and only then the old one removed. On an error (a full
     disk, an interrupt) the sibling is removed and `out` is as it was."""
     out = Path(out)
+    _check_not_a_file(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.new-{secrets.token_hex(4)}"
     tmp.mkdir()
@@ -47,13 +58,98 @@ def staged_dir(out: str | Path, keep: Callable[[Path], bool] | None = None):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _check_not_a_file(out: Path) -> None:
+    """Refuse an `out` that is not a directory (it would be replaced by one) or that a file above keeps from being
+    made."""
+    blocking = blocking_file(out)
+    if blocking is not None and blocking == out.absolute():
+        raise FileExistsError(f"{out}: not replaced: it is {'a file' if out.is_file() else 'not a directory'}, "
+                              "not an export dir")
+    if blocking is not None:
+        raise NotADirectoryError(f"{out}: cannot be created: {blocking} is not a directory")
+
+
+def check_export_dir(out: str | Path) -> None:
+    """Refuse an `out` that an export must not write: not a directory (`_check_not_a_file`), or a converted
+    checkpoint dir (jaxspec.json, params/). As `convert --overwrite` never replaces a dir of another kind, the
+    converted one is left whole: remove it yourself or choose another output dir."""
+    out = Path(out)
+    _check_not_a_file(out)
+    found = [name + ("/" if (out / name).is_dir() else "") for name in CONVERTED
+             if (out / name).exists() or (out / name).is_symlink()]
+    if found:
+        raise FileExistsError(f"{out}: not replaced: it holds a converted checkpoint ({', '.join(found)}), whose "
+                              "Orbax params a load would read instead of the exported weights; remove it yourself "
+                              "or choose another output dir")
+
+
 def _weights_file(p: Path) -> bool:
     """Whether `p` is one of the files an export writes its weights to (one file, or shards and their index)."""
     return p.name in ("model.safetensors", INDEX_NAME) or (p.name.startswith("model-") and p.suffix == ".safetensors")
 
 
+def _stale(p: Path) -> bool:
+    """Whether `p` holds weights that must not survive an export: an earlier export's, or another model's."""
+    return _weights_file(p) or p.name in STALE_WEIGHTS
+
+
 def _flat(model) -> dict[tuple, np.ndarray]:
     return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def model_tp_degree(model) -> int:
+    """The tensor-parallel degree of the mesh that `model`'s params are placed on (jaxspec/sharding.py); 1 off one."""
+    from jaxspec import sharding as S
+    for _, v in nnx.to_flat_state(nnx.state(model)):
+        s = getattr(v.get_value(), "sharding", None)
+        if isinstance(s, jax.sharding.NamedSharding) and S.MODEL in s.mesh.axis_names:
+            return s.mesh.shape[S.MODEL]
+    return 1
+
+
+def unsharded(model) -> tuple:
+    """(config, {param path: host array}) of `model` (target or drafter) in the unsharded layout: for a model in
+    the tp-way layout of jaxspec/sharding.py (config `tp_config(cfg, tp)`), sharding's own `tp_index` undone, so
+    the padded vocabulary rows are dropped and the repeated kv heads kept once.
+
+    tp_config sets num_kv_heads to tp where it repeats them, so the count they were repeated from is not in the
+    config: it is the fewest kv heads whose repetition gives the stored k/v weights bit for bit (its copies of a
+    head are identical; were a model's own heads identical too, the fewer heads compute the same). Params on a
+    mesh but not in that layout, or whose copies differ (trained apart), are written as they are: `cfg` describes
+    them (less any padded vocabulary rows, which `_untransform` drops)."""
+    from jaxspec import sharding as S
+    cfg, flat, tp = model.cfg, _flat(model), model_tp_degree(model)
+    base = cfg.replace(padded_vocab=0) if getattr(cfg, "padded_vocab", 0) else cfg
+    if tp == 1:
+        return base, flat
+    fewer = [k for k in range(1, tp) if tp % k == 0 and cfg.num_heads % k == 0] if cfg.num_kv_heads == tp else []
+    for src in [base.replace(num_kv_heads=k) for k in fewer] + [base]:
+        if S.tp_config(src, tp) == cfg:
+            values = _from_tp_layout(src, tp, flat)
+            if values is not None:
+                return src, values
+    return base, flat
+
+
+def _from_tp_layout(src, tp: int, flat: dict) -> dict | None:
+    """`flat` (tp layout of the config `src`) in `src`'s own layout; None where a position that `tp_index` says
+    is a copy of another is not identical to it."""
+    from jaxspec import sharding as S
+    out = dict(flat)
+    for path, x in flat.items():
+        m = S.tp_index(path, src, tp)
+        if m is None:
+            continue
+        axis, idx = m
+        pos = np.flatnonzero(idx >= 0)
+        _, first = np.unique(idx[pos], return_index=True)     # where each source index first appears
+        out[path] = np.take(x, pos[first], axis=axis)
+        if len(first) < len(pos):                               # copies: each must be what it copies
+            back = np.ascontiguousarray(np.take(out[path], idx[pos], axis=axis))
+            held = np.ascontiguousarray(np.take(x, pos, axis=axis))
+            if not np.array_equal(back.view(np.uint8), held.view(np.uint8)):
+                return None
+    return out
 
 
 def target_hf_config(cfg: TargetConfig) -> dict:
@@ -76,12 +172,17 @@ def target_hf_config(cfg: TargetConfig) -> dict:
 
 
 def target_tensors(model) -> dict[str, np.ndarray]:
-    """HF key -> array (stored dtype = the model's), keys as Qwen3_5ForCausalLM saves them."""
+    """HF key -> array (stored dtype = the model's), keys as Qwen3_5ForCausalLM saves them; the unsharded layout
+    (`unsharded`)."""
+    return _target_tensors(*unsharded(model))
+
+
+def _target_tensors(cfg: TargetConfig, flat: dict) -> dict[str, np.ndarray]:
     from convert.keys import target_layout, transform
     from jaxspec.model import split_params
-    flat = split_params(model.cfg, _flat(model))          # the checkpoint's separate kernels
+    flat = split_params(cfg, flat)                        # the checkpoint's separate kernels
     out = {}
-    for name, (path, shape, kind) in target_layout(model.cfg).items():
+    for name, (path, shape, kind) in target_layout(cfg).items():
         a = _untransform(flat[path], kind, shape)
         # The loader's own transform must give back exactly what the model holds.
         back, held = np.ascontiguousarray(transform(a, kind)), np.ascontiguousarray(flat[path])
@@ -134,11 +235,15 @@ def save_shards(tensors: dict[str, np.ndarray], out: Path, max_shard_bytes: int)
 def export_target(model, out_dir: str | Path, *, max_shard_bytes: int = 10 * 2**20) -> Path:
     """Write the target as a HF checkpoint (sharded safetensors + index + config.json + generation_config.json).
     Tokenizer files are the caller's business (those already in out_dir stay). Written into a new sibling renamed
-    into place (`staged_dir`): a failed export leaves the previous one whole."""
+    into place (`staged_dir`): a failed export leaves the previous one whole; other files already in out_dir stay,
+    but not weights (an earlier model's mtp.safetensors included). Refused (`check_export_dir`): an out_dir that is
+    a file, or a converted checkpoint dir. A tensor-parallel model is written in the unsharded layout
+    (`unsharded`)."""
     out = Path(out_dir)
-    cfg: TargetConfig = model.cfg
-    tensors = target_tensors(model)
-    own = lambda p: _weights_file(p) or p.name in ("config.json", "generation_config.json")
+    check_export_dir(out)
+    cfg, flat = unsharded(model)
+    tensors = _target_tensors(cfg, flat)
+    own = lambda p: _stale(p) or p.name in ("config.json", "generation_config.json")
     with staged_dir(out, keep=lambda p: not own(p)) as tmp:
         save_shards(tensors, tmp, max_shard_bytes)
         (tmp / "config.json").write_text(json.dumps(target_hf_config(cfg), indent=2) + "\n")
@@ -171,24 +276,25 @@ def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int, max_
     drafter larger than that goes to shards of at most that size and an index instead (e.g. for a repository
     that takes files of <= 16 MB), which `convert.drafter.load_drafter` reads too. Written into a new sibling
     renamed into place (`staged_dir`): a failed export leaves the previous one whole; other files already in out_dir
-    stay, but not weights in the other layout (they would be read instead of, or beside, these)."""
+    stay, but not weights in the other layout (they would be read instead of, or beside, these). Refused and written
+    in the unsharded layout as by `export_target`."""
     from convert.drafter import WEIGHTS, drafter_layout
     out = Path(out_dir)
-    flat = _flat(drafter)
+    check_export_dir(out)
+    cfg, flat = unsharded(drafter)
     tensors = {}
-    for key, (path, shape, transpose) in drafter_layout(drafter.cfg).items():
+    for key, (path, shape, transpose) in drafter_layout(cfg).items():
         a = flat[path].T if transpose else flat[path]
         assert a.shape == shape, (key, a.shape, shape)
         tensors[key] = np.ascontiguousarray(a)
-    with staged_dir(out, keep=lambda p: not (_weights_file(p) or p.name in (WEIGHTS, "config.json"))) as tmp:
+    with staged_dir(out, keep=lambda p: not (_stale(p) or p.name in (WEIGHTS, "config.json"))) as tmp:
         if max_shard_bytes is not None and sum(t.nbytes for t in tensors.values()) > max_shard_bytes:
             save_shards(tensors, tmp, max_shard_bytes)
         else:
             save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(drafter_hf_config(drafter.cfg, num_target_layers), indent=2)
-                                         + "\n")
+        (tmp / "config.json").write_text(json.dumps(drafter_hf_config(cfg, num_target_layers), indent=2) + "\n")
     return out
 
 
 __all__ = ["export_target", "export_drafter", "save_shards", "staged_dir", "target_hf_config", "drafter_hf_config",
-           "target_tensors", "FULL"]
+           "target_tensors", "unsharded", "check_export_dir", "model_tp_degree", "FULL"]

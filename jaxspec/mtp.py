@@ -107,8 +107,18 @@ def init_cache(cfg: TargetConfig, batch: int, max_len: int, rows: int) -> MTPCac
 def check_head(head_cfg: TargetConfig, target: TargetConfig) -> None:
     bad = [f"{f}: head {getattr(head_cfg, f)} vs target {getattr(target, f)}" for f in _SHAPE_FIELDS
            if getattr(head_cfg, f) != getattr(target, f)]
-    if bad:
-        raise ConfigError(f"the MTP head does not belong to this target ({'; '.join(bad)})")
+    if not bad:
+        return
+    # A target laid out for tensor parallelism repeats its kv heads up to the degree (sharding.tp_config): the
+    # degree is then its kv head count, and an unsharded head of that target differs from it there alone.
+    from jaxspec.sharding import tp_config
+    tp = target.num_kv_heads
+    if tp > head_cfg.num_kv_heads and all(getattr(tp_config(head_cfg, tp), f) == getattr(target, f)
+                                          for f in _SHAPE_FIELDS):
+        raise ConfigError(f"the MTP head is not laid out like this target ({'; '.join(bad)}): the target is "
+                          f"sharded for tensor parallelism {tp}, with its kv heads repeated; lay the head out on the "
+                          f"target's mesh with jaxspec.sharding.shard_mtp(head, mesh)")
+    raise ConfigError(f"the MTP head does not belong to this target ({'; '.join(bad)})")
 
 
 class MTP(Speculator):

@@ -118,12 +118,31 @@ def make_mesh(tp: int = 1, dp: int = 1, devices=None) -> Mesh:
     return Mesh(grid, (DATA, MODEL), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
+def check_mesh(mesh) -> Mesh:
+    """`mesh` itself when jaxspec can shard on it: a Mesh with axes ("data", "model"), both of type Auto (the
+    model runs under GSPMD: with jax.make_mesh's Explicit axes the kernels' shard_map specs do not match, and
+    other axis names have no rule). Else a ConfigError naming what was found."""
+    fix = "build it with jaxspec.sharding.make_mesh(tp, dp)"
+    if not isinstance(mesh, Mesh):
+        raise ConfigError(f"mesh must be a jax.sharding.Mesh with axes {(DATA, MODEL)}, got {type(mesh).__name__}; "
+                          f"{fix}")
+    if tuple(mesh.axis_names) != (DATA, MODEL):
+        raise ConfigError(f"the mesh has axes {tuple(mesh.axis_names)} (shape {dict(mesh.shape)}), but jaxspec "
+                          f"shards on axes {(DATA, MODEL)} in that order; {fix}")
+    types = tuple(getattr(mesh, "axis_types", None) or ())
+    if any(t != jax.sharding.AxisType.Auto for t in types):
+        raise ConfigError(f"the mesh's axes {(DATA, MODEL)} have types {tuple(t.name for t in types)} (jax.make_mesh "
+                          f"gives Explicit ones), but jaxspec needs AxisType.Auto for both; {fix} (or pass "
+                          f"axis_types=(jax.sharding.AxisType.Auto,) * 2)")
+    return mesh
+
+
 def tp_degree(mesh: Mesh | None) -> int:
-    return 1 if mesh is None else mesh.shape[MODEL]
+    return 1 if mesh is None else check_mesh(mesh).shape[MODEL]
 
 
 def dp_degree(mesh: Mesh | None) -> int:
-    return 1 if mesh is None else mesh.shape[DATA]
+    return 1 if mesh is None else check_mesh(mesh).shape[DATA]
 
 
 def _divides(tp: int, pairs, what: str):
@@ -263,6 +282,34 @@ def shard_mtp(head, mesh: Mesh):
     from jaxspec.mtp import MTPHead
     check_target(head.cfg, tp_degree(mesh))
     return shard_module(head, mesh, lambda c: MTPHead(c, rngs=nnx.Rngs(0)))
+
+
+def _where(sharding) -> str:
+    if isinstance(sharding, NamedSharding):
+        return f"{sharding.spec} on a mesh of shape {dict(sharding.mesh.shape)}"
+    devices = sharding.device_set
+    if len(devices) == 1:
+        return f"on device {next(iter(devices))}"
+    return f"{type(sharding).__name__} on {len(devices)} devices"
+
+
+def check_laid_out(module, mesh: Mesh, what: str = "model", fix: str = "shard_target") -> None:
+    """ConfigError unless every array of the NNX `module` (target, drafter or MTP head) is placed as
+    `shard_module` on `mesh` places it (`param_spec` on this mesh's devices, or an equivalent sharding): an
+    unsharded module, or one laid out for another mesh, would fail deep inside the compiled program."""
+    from flax import nnx
+
+    check_mesh(mesh)
+    for path, var in nnx.to_flat_state(nnx.state(module)):
+        x = var.get_value()
+        if not isinstance(x, jax.Array):
+            continue
+        want = NamedSharding(mesh, param_spec(path, x.ndim))
+        if not x.sharding.is_equivalent_to(want, x.ndim):
+            name = "/".join(map(str, path))
+            raise ConfigError(f"the {what} is not laid out for this mesh (shape {dict(mesh.shape)}): {name} is "
+                              f"{_where(x.sharding)}, not {want.spec} on the mesh; lay it out with "
+                              f"jaxspec.sharding.{fix}({what}, mesh), or load it with mesh=mesh")
 
 
 # ------------------------------------------------------------------------------------------------ state

@@ -10,9 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import os
 
 import jax
+
+
+# Every JAXSPEC_* environment variable jaxspec reads. One set but not listed here (a misspelling, or a flag since
+# removed) is refused by `check_flags`: it would choose nothing, yet a result's `flags()` would record it.
+OP_FLAGS = ("JAXSPEC_ADD_RMS_NORM", "JAXSPEC_GDN_DECODE", "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_SKINNY_MATMUL",
+            "JAXSPEC_TREE_ATTENTION", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_VERIFY")
+CHOICE_FLAGS = OP_FLAGS + ("JAXSPEC_DDTREE_TOP_K",      # jaxspec/ddtree.py: the tree build's top-k
+                           "JAXSPEC_LOOP_GRAPHS")       # jaxspec/engine.py: the round loops as CUDA graphs
+OTHER_FLAGS = ("JAXSPEC_COMMIT", "JAXSPEC_DIRTY",       # jaxspec/provenance.py: a run's commit, from a snapshot
+               "JAXSPEC_DEMO_DIR")                      # jaxspec/generate.py: where the demo pair lives
+FLAGS = CHOICE_FLAGS + OTHER_FLAGS
+
+
+def check_flags(environ=None) -> None:
+    """Refuse a JAXSPEC_* variable in the environment that jaxspec does not read, naming the nearest flag."""
+    environ = os.environ if environ is None else environ
+    for name in sorted(k for k in environ if k.startswith("JAXSPEC_") and k not in FLAGS):
+        near = difflib.get_close_matches(name, FLAGS, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"environment variable {name} is set, but jaxspec reads no such variable{hint}; its "
+                         f"flags are {', '.join(FLAGS)}")
 
 
 _DIFFERENTIABLE = contextvars.ContextVar("jaxspec_differentiable", default=False)
@@ -31,6 +53,7 @@ def differentiable():
 def resolve(env_var: str, implementations: tuple[str, ...], default: str, implementation: str | None = None,
             jnp_default: str = "reference") -> str:
     """The implementation to run; `jnp_default` is the op's differentiable one, for `differentiable()`."""
+    check_flags()
     name = implementation or os.environ.get(env_var) or None
     if name is not None and name not in implementations:
         source = "implementation" if implementation else env_var
@@ -49,7 +72,7 @@ def on_gpu() -> bool:
 
 
 def flags() -> dict:
-    """The JAXSPEC_* variables set in this process (the kernels', the loop graphs', the tree build's), so that a
-    result can say which implementations ran; JAXSPEC_COMMIT and JAXSPEC_DEMO_DIR choose none."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith("JAXSPEC_") and k not in ("JAXSPEC_COMMIT", "JAXSPEC_DEMO_DIR")}
+    """The JAXSPEC_* variables set in this process that choose an implementation (the kernels', the loop graphs',
+    the tree build's), so that a result can say which ran; unknown names are refused (`check_flags`)."""
+    check_flags()
+    return {k: v for k, v in sorted(os.environ.items()) if k in CHOICE_FLAGS}

@@ -52,6 +52,29 @@ def test_dispatch(monkeypatch):
     check_dispatch(api, monkeypatch)                   # opt-in until it is faster on the GPU
 
 
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+@pytest.mark.parametrize("case,name", [("u broadcast", "u"), ("u other shape", "u"), ("u float32", "u"),
+                                       ("w short", "w"), ("w long", "w"), ("w 2-d", "w")])
+def test_api_refuses_mismatched_arguments(case, name, impl):
+    """The kernel reads u row for row and w over D, and writes x's dtype where the reference promoted: a broadcast
+    u, a w of another width or a u of another dtype is refused by name on every path (the kernel ran them)."""
+    x, u, w = make_inputs(0, (3, 64), jnp.bfloat16)
+    u, w = {"u broadcast": (u[:1], w), "u other shape": (u.reshape(6, 32), w), "u float32": (u.astype(jnp.float32), w),
+            "w short": (u, w[:32]), "w long": (u, jnp.concatenate([w, w])),
+            "w 2-d": (u, w[None])}[case]
+    with pytest.raises(ValueError, match=f"^add_rms_norm: {name} "):
+        api.add_rms_norm(x, u, w, eps=1e-6, offset=1.0, implementation=impl)
+
+
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+@pytest.mark.parametrize("shape", [(0, 64), (2, 0, 64)])
+def test_api_no_rows(shape, impl):
+    """No rows: the reference's empty outputs (the kernel's empty grid failed)."""
+    x, u, w = make_inputs(0, shape, jnp.bfloat16)
+    s, n = api.add_rms_norm(x, u, w, eps=1e-6, offset=1.0, implementation=impl)
+    assert s.shape == n.shape == shape and s.dtype == n.dtype == jnp.bfloat16
+
+
 @pytest.fixture(scope="module")
 def target(tiny_hf):
     from convert.hf import load_target

@@ -874,3 +874,48 @@ def test_python_m_convert_help():
     r = subprocess.run([sys.executable, "-m", "convert"], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "COMMAND" in r.stderr
+
+
+def test_save_of_a_tensor_parallel_model_says_to_save_the_unsharded_one(tmp_path):
+    """A model loaded with mesh= is in sharding.py's tp layout (here the vocabulary of 509 padded to 510): save
+    says so in a line, not with a dump of both configs, and writes nothing."""
+    from jaxspec import sharding as S
+    src = tmp_path / "v509"
+    make_causal_lm(src, vocab_size=509)
+    model = load_target(src, dtype="float32", mesh=S.make_mesh(2, 1))
+    with pytest.raises(CheckpointError, match=r"2-way tensor-parallel layout .*padded_vocab.*: save the unsharded "
+                                              r"model \(loaded without mesh=\)") as e:
+        save_converted(model, tmp_path / "out", src)
+    msg = str(e.value)
+    assert str(src / "config.json") in msg and "TargetConfig(" not in msg and len(msg) < 400, msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v509"]
+
+
+def test_a_config_mismatch_names_only_the_fields_that_differ(tmp_path, ckpts):
+    other = tmp_path / "other"
+    make_causal_lm(other, intermediate_size=96)
+    with pytest.raises(CheckpointError, match="does not describe this model") as e:
+        save_converted(load_target(other, dtype="float32"), tmp_path / "out", ckpts["causal"][0])
+    msg = str(e.value)
+    assert "intermediate_size 128 (config.json) vs 96 (model)" in msg, msg
+    assert "TargetConfig(" not in msg and "hidden_size" not in msg and len(msg) < 300, msg
+
+
+# See test_restore_of_a_damaged_params_dir.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_damaged_array_is_named_by_its_param(ckpts, tmp_path):
+    """Orbax's own error names only an array index and the TensorStore spec (`<bound method ...>`); the param's
+    key is in the error it was raised from: the CheckpointError names the param and the cause."""
+    path = ckpts["causal"][0]
+    model = load_target(path, dtype="float32")
+    out = save_converted(model, tmp_path / "out", path)
+    for f in (out / "params").glob("ocdbt.process_0/d/*"):
+        with open(f, "r+b") as fh:
+            fh.truncate(10)
+    with pytest.raises(CheckpointError, match=r"cannot restore the Orbax checkpoint, it is damaged: param '[\w.]+' "
+                                              r"\(") as e:
+        restore_converted(out)
+    msg = str(e.value)
+    name = re.search(r"param '([\w.]+)'", msg).group(1)
+    assert name in {".".join(map(str, p)) for p in flat_params(model)}, msg
+    assert str(out / "params") in msg and "bound method" not in msg and "\n" not in msg, msg

@@ -9,6 +9,8 @@ fp32, 1e-2 in bf16 (issue 6).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,6 +57,56 @@ def test_bad_layouts_are_refused(seed):
 
 def test_dispatch(monkeypatch):
     check_dispatch(api, monkeypatch, gpu_default="pallas_triton")   # the AR loop converts into one CUDA graph with it
+
+
+# Arguments that break the contract, each against conv_in [B, C], z [B, Hv, Dv] and s0 [B, Hv, Dk, Dv] (here B = 2,
+# Hk = 2, rep = 2, Dk = Dv = 16, a conv of K = 4 taps): (argument, its index, the wrong value). The kernel computed NaN
+# or garbage from most of them, the reference failed deep in an einsum or broadcast some.
+BAD_ARGS = [("history", 1, lambda x: x[:, :2]), ("history", 1, lambda x: x[:1]), ("conv_w", 2, lambda x: x[:, :64]),
+            ("z", 3, lambda x: x[:1]), ("a", 4, lambda x: x[:, :2]), ("b", 5, lambda x: x[:1]),
+            ("A_log", 6, lambda x: x[:2]), ("dt_bias", 7, lambda x: x[None]), ("norm_w", 8, lambda x: x[:8]),
+            ("norm_w", 8, lambda x: jnp.concatenate([x, x])), ("s0", 9, lambda x: x[:1]), ("s0", 9, lambda x: x[:, :2]),
+            ("s0", 9, lambda x: x[..., :8])]
+
+
+@pytest.mark.parametrize("name,index,bad", BAD_ARGS, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD_ARGS)])
+def test_bad_shapes_are_refused(seed, name, index, bad):
+    """Both implementations refuse an argument that does not fit the others, naming it, its shape and the one
+    expected."""
+    args = list(make_inputs(seed, 2, 2, 2, 16, 16, 4))
+    args[index] = bad(args[index])
+    shape = re.escape(str(args[index].shape))
+    for impl in ("reference", "pallas_interpret"):
+        with pytest.raises(ValueError, match=rf"gdn_decode: {name} {shape}.* must be"):
+            api.gdn_decode(*args, eps=1e-6, implementation=impl)
+
+
+def test_gpu_default_falls_back_for_head_dims_the_kernel_does_not_take(seed, monkeypatch):
+    """On a GPU, head dims that are not powers of two run the reference unless the kernel is asked for by name
+    (then refused by it), as gdn_tree_inputs and tree_attention do."""
+    args = make_inputs(seed, 1, 2, 2, 24, 24, 4)
+    ref = reference.gdn_decode(*args, eps=1e-6)
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert_matches(api.gdn_decode(*args, eps=1e-6), ref, 1e-6)
+    assert api.resolve(dk=24, dv=24) == api.resolve(dk=16, dv=24) == "reference"
+    assert api.resolve() == api.resolve(dk=16, dv=32) == "pallas_triton"
+    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
+    assert api.resolve(dk=24, dv=24) == "reference" and api.resolve(dk=16, dv=16) == "pallas_interpret"
+    assert api.resolve("pallas_triton", dk=24, dv=24) == "pallas_triton"
+    with pytest.raises(ValueError, match="power-of-two head dims, got Dk=24, Dv=24"):
+        api.gdn_decode(*args, eps=1e-6, implementation="pallas_interpret")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_empty_batch(seed, dtype):
+    """No sequence: every implementation returns the reference's empty outputs (the kernel's grid failed on it)."""
+    args = make_inputs(seed, 0, 2, 2, 16, 16, 4, jnp.dtype(dtype))
+    ref = reference.gdn_decode(*args, eps=1e-6)
+    assert ref[0].shape == (0, 4, 16)
+    for impl in ("pallas_interpret", "pallas_triton"):
+        out = api.gdn_decode(*args, eps=1e-6, implementation=impl)
+        assert [(x.shape, x.dtype) for x in out] == [(x.shape, x.dtype) for x in ref], impl
 
 
 def _layer_and_inputs(target, seed, b=2):

@@ -12,6 +12,8 @@ inputs).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -130,6 +132,43 @@ def test_refusals_and_fallbacks(seed, monkeypatch):
     for fn in (reference.gdn_tree_inputs, pallas_triton.gdn_tree_inputs):
         with pytest.raises(ValueError, match="in_proj width 267 "):
             fn(y[..., :-1], *rest, dk=16, dv=16)
+
+
+# Arguments that break the contract, each against y [B, N, W], conv_w [K, C] and A_log [Hv] (here B = 2, N = 5,
+# Hk = 2, rep = 2, Dk = Dv = 16, K = 4): (argument, its index, the wrong value). The kernel computed NaN or garbage
+# from most of them (a float `rows` it cast), the reference failed deep in a gather or a broadcast.
+BAD_ARGS = [("history", 1, lambda x: x[:, :2]), ("history", 1, lambda x: x[:1]), ("dt_bias", 4, lambda x: x[:2]),
+            ("rows", 5, lambda x: x[:, :3]), ("rows", 5, lambda x: x[:, :, :4]), ("rows", 5, lambda x: x[:1]),
+            ("rows", 5, lambda x: x.astype(jnp.float32))]
+
+
+@pytest.mark.parametrize("name,index,bad", BAD_ARGS, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD_ARGS)])
+def test_bad_shapes_are_refused(seed, name, index, bad):
+    """Both implementations refuse an argument that does not fit the others, naming it, its shape and the one
+    expected."""
+    args = list(make_inputs(seed, random_parents(seed, 2, 5), hk=2, rep=2, dk=16, dv=16, kw=4))
+    args[index] = bad(args[index])
+    shape = re.escape(str(args[index].shape))
+    for impl in ("reference", "pallas_interpret"):
+        with pytest.raises(ValueError, match=rf"gdn_tree_inputs: {name} {shape}.* must be"):
+            api.gdn_tree_inputs(*args, dk=16, dv=16, implementation=impl)
+
+
+@pytest.mark.parametrize("empty", ["batch", "nodes"])
+def test_empty_blocks(seed, empty):
+    """No sequence or no node: every implementation returns the reference's empty outputs (the kernel's grid
+    failed on the first, it refused the second)."""
+    y, history, conv_w, a_log, dt_bias, rows = make_inputs(seed, random_parents(seed, 2, 5), hk=2, rep=2, dk=16,
+                                                           dv=16, kw=4)
+    if empty == "batch":
+        args = (y[:0], history[:0], conv_w, a_log, dt_bias, rows[:0])
+    else:
+        args = (y[:, :0], history, conv_w, a_log, dt_bias, rows[:, :, :0])
+    ref = reference.gdn_tree_inputs(*args, dk=16, dv=16)
+    assert ref[2].shape == ((0, 5, 4, 16) if empty == "batch" else (2, 0, 4, 16))
+    for impl in ("pallas_interpret", "pallas_triton"):
+        out = api.gdn_tree_inputs(*args, dk=16, dv=16, implementation=impl)
+        assert [(x.shape, x.dtype) for x in out] == [(x.shape, x.dtype) for x in ref], impl
 
 
 @pytest.mark.parametrize("n", [16, 64, 65])

@@ -465,6 +465,77 @@ def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
         S.make_mesh(8, 2)
 
 
+BAD_MESHES = {   # mesh (names, shape) -> what the error names; "explicit" is jax.make_mesh's (1, 4) mesh
+    "explicit": r"types \('Explicit', 'Explicit'\).*AxisType\.Auto",
+    "x-y": r"axes \('x', 'y'\)", "dp-tp": r"axes \('dp', 'tp'\)", "1-D": r"axes \('model',\)",
+    "model-data": r"axes \('model', 'data'\)"}
+
+
+@pytest.mark.parametrize("kind", BAD_MESHES)
+def test_meshes_jaxspec_cannot_shard_on_are_named(ckpt, target, drafter, kind):
+    """A mesh with Explicit axes (jax.make_mesh's default in JAX 0.11), other axis names, or one axis: sharding,
+    loading and the Engine raise a ConfigError naming what the mesh has and pointing to sharding.make_mesh,
+    instead of a KeyError, or a shard_map spec mismatch deep inside the first generate."""
+    from jax.sharding import AxisType, Mesh
+    from jaxspec.mtp import MTPHead
+    devs = np.array(jax.devices()[:4])
+    mesh = {"explicit": lambda: jax.make_mesh((1, 4), (S.DATA, S.MODEL), devices=devs.tolist()),
+            "x-y": lambda: Mesh(devs.reshape(2, 2), ("x", "y")),
+            "dp-tp": lambda: Mesh(devs.reshape(1, 4), ("dp", "tp")),
+            "1-D": lambda: Mesh(devs[:2], (S.MODEL,)),
+            "model-data": lambda: Mesh(devs.reshape(4, 1), (S.MODEL, S.DATA))}[kind]()
+    if kind == "explicit":
+        assert mesh.axis_types == (AxisType.Explicit,) * 2
+    st = S.shard_target(target, S.make_mesh(4, 1))
+    head = MTPHead(target.cfg, rngs=nnx.Rngs(3))
+    calls = {"shard_target": lambda: S.shard_target(target, mesh),
+             "shard_drafter": lambda: S.shard_drafter(drafter, mesh),
+             "shard_mtp": lambda: S.shard_mtp(head, mesh),
+             "load": lambda: load_target(ckpt, dtype="float32", mesh=mesh),
+             "tp_degree": lambda: S.tp_degree(mesh), "dp_degree": lambda: S.dp_degree(mesh),
+             "Engine": lambda: Engine(st, mesh=mesh)}
+    for name, call in calls.items():
+        with pytest.raises(ConfigError, match=BAD_MESHES[kind] + r".*jaxspec\.sharding\.make_mesh\(tp, dp\)") as e:
+            call()
+        assert "('data', 'model')" in str(e.value), name
+    with pytest.raises(ConfigError, match="must be a jax.sharding.Mesh"):
+        Engine(st, mesh=(1, 4))
+    assert S.check_mesh(S.make_mesh(4, 2)).shape == {S.DATA: 2, S.MODEL: 4}
+
+
+def test_engine_names_a_model_not_laid_out_for_its_mesh(ckpt, target):
+    """An unsharded model given with a mesh (or one laid out for another mesh of the same devices) fails in
+    Engine() with a ConfigError saying to call sharding.shard_target (or load with mesh=), not with an
+    IndivisibleError or incompatible devices in the first generate. Laid-out models are accepted."""
+    mesh4, mesh2 = S.make_mesh(4, 1), S.make_mesh(2, 1)
+    fix = r"jaxspec\.sharding\.shard_target\(model, mesh\), or load it with mesh=mesh"
+    for mesh in (mesh4, mesh2, S.make_mesh(1, 4)):
+        with pytest.raises(ConfigError, match=r"the model is not laid out for this mesh.* is on device .*" + fix):
+            Engine(target, mesh=mesh)
+    with pytest.raises(ConfigError, match=r"not laid out for this mesh \(shape \{'data': 1, 'model': 4\}\).*"
+                                          r"on a mesh of shape \{'data': 2, 'model': 2\}.*" + fix):
+        Engine(S.shard_target(target, S.make_mesh(2, 2)), mesh=mesh4)
+    Engine(S.shard_target(target, mesh4), mesh=S.make_mesh(4, 1))     # an equal mesh, built again
+    Engine(load_target(ckpt, dtype="float32", mesh=mesh2), mesh=mesh2)
+
+
+def test_unsharded_mtp_head_with_a_sharded_target_says_to_lay_it_out(target):
+    """An unsharded MTP head with a target laid out for TP 4 (its 2 kv heads repeated to 4): the error says to
+    lay the head out with sharding.shard_mtp, not that the head belongs to another target; the laid-out head
+    is accepted, and a head of another shape still does not belong to the target."""
+    from jaxspec.mtp import MTP, MTPHead
+    head = MTPHead(target.cfg, rngs=nnx.Rngs(3))
+    mesh = S.make_mesh(4, 1)
+    st = S.shard_target(target, mesh)
+    assert st.cfg.num_kv_heads == 4 > head.cfg.num_kv_heads
+    with pytest.raises(ConfigError, match=r"num_kv_heads: head 2 vs target 4.*sharding\.shard_mtp\(head, mesh\)"):
+        MTP(head, st.cfg, 2)
+    assert MTP(S.shard_mtp(head, mesh), st.cfg, 2).cfg.num_kv_heads == 4
+    with pytest.raises(ConfigError, match="does not belong to this target") as e:
+        MTP(MTPHead(target.cfg.replace(hidden_size=32), rngs=nnx.Rngs(0)), st.cfg, 2)
+    assert "shard_mtp" not in str(e.value)
+
+
 def test_sampled_log_probs_run_per_vocab_shard(target, drafter):
     """The sampling transform on a vocabulary split 4 ways (TP 4 x DP 2, padding columns at -inf): the same kept
     tokens and log-probabilities as unsharded, with only the shards' top-k candidates gathered; and sampled AR,

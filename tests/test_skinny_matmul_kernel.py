@@ -89,6 +89,16 @@ def test_mixed_dtypes_keep_xlas_promotion(monkeypatch):
     assert out.dtype == ref.dtype == jnp.float32 and rel_err(out, ref) == 0
 
 
+@pytest.mark.parametrize("impl", ["reference", "pallas_interpret", "pallas_mosaic"])
+@pytest.mark.parametrize("x_shape,w_shape", [((4, 128), (64, 64)), ((2, 4, 64), (128, 64)), ((2, 128), (64, 128)),
+                                             ((4, 128), (1, 128, 64)), ((4, 128), (128,)), ((), (128, 64))])
+def test_api_refuses_shapes_that_do_not_multiply(x_shape, w_shape, impl):
+    """x [..., K] @ w [K, N] is checked before the kernels' `applies` (a K mismatch reached the kernel's reshape,
+    a 3-d w `supports`), naming both shapes, on every path."""
+    with pytest.raises(ValueError, match=r"^skinny matmul: x \(.*\) @ w \(.*\) needs"):
+        api.matmul(jnp.ones(x_shape), jnp.ones(w_shape), implementation=impl)
+
+
 def test_no_kernel_under_a_multi_device_mesh():
     from jax.sharding import AbstractMesh, use_abstract_mesh
     with use_abstract_mesh(AbstractMesh((1, 2), ("data", "model"))):
@@ -173,3 +183,21 @@ def test_bench_runs_and_writes_json(tmp_path):
                 assert n % bn == 0 and k % (bk * split) == 0
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "mlp.gate"])
+
+
+def test_bench_error_is_against_xla_and_impls_are_checked(tmp_path, monkeypatch):
+    """`--impls pallas_mosaic` without xla: the error column still compares with XLA's dot (computed untimed), not
+    with the first implementation that ran (here a wrong "kernel", 2x the product: error 1, not 0); an
+    `--impls` prefix that names no implementation is refused, not silently run as nothing."""
+    import json
+
+    from pallas_kernels.skinny_matmul import bench
+    wrong = lambda x, w: 2 * reference.matmul(x, w)
+    monkeypatch.setattr(bench, "implementations", lambda m, k, n, sweep, on_gpu, wave=False:
+                        {"xla": reference.matmul, "pallas_mosaic": wrong})
+    args = ["--shapes", "attn.k_proj", "--rows", "16", "--layers", "1", "--iters", "1"]
+    bench.main(args + ["--impls", "pallas_mosaic", "--json", str(tmp_path / "b.json")])
+    (row,) = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert row["impl"] == "pallas_mosaic" and row["rel_err_vs_xla"] == pytest.approx(1.0, rel=1e-2)
+    with pytest.raises(SystemExit):
+        bench.main(args + ["--impls", "pallas_mosiac"])

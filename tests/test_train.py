@@ -1519,3 +1519,86 @@ def test_every_flag_has_help_and_says_its_default():
                if not isinstance(a, argparse._HelpAction)
                and (not a.help or (a.default not in (None, False) and "default" not in a.help))]
     assert not missing, missing
+
+
+def test_export_refuses_a_file_and_a_converted_dir_and_drops_stale_weights(tmp_path):
+    """An export never replaces a file, nor a converted (Orbax) checkpoint dir, whose params/ a load would read
+    instead of the exported weights (as `convert --overwrite` never replaces another kind's dir); an mtp.safetensors
+    of an earlier model does not survive an export (it holds weights, like the shards it replaces)."""
+    from convert.hf import load_target
+    from convert.store import load_model, save_converted
+    from jaxspec.export import export_drafter, export_target
+    model, other = tiny_target(0), tiny_target(1)
+    (tmp_path / "notes.txt").write_text("precious")
+    for export in (lambda out: export_target(model, out), lambda out: export_drafter(tiny_drafter(), out,
+                                                                                      num_target_layers=4)):
+        with pytest.raises(FileExistsError, match="it is a file") as e:
+            export(tmp_path / "notes.txt")
+        assert str(tmp_path / "notes.txt") in str(e.value) and (tmp_path / "notes.txt").read_text() == "precious"
+        with pytest.raises(NotADirectoryError, match=r"cannot be created: .*notes.txt is not a directory"):
+            export(tmp_path / "notes.txt" / "sub")
+    export_target(model, tmp_path / "hf")
+    conv = save_converted(load_target(tmp_path / "hf"), tmp_path / "conv", tmp_path / "hf")
+    before = sorted(p.name for p in conv.iterdir())
+    with pytest.raises(FileExistsError, match=r"holds a converted checkpoint \(jaxspec.json, params/\)") as e:
+        export_target(other, conv)
+    assert str(conv) in str(e.value) and sorted(p.name for p in conv.iterdir()) == before
+    a, b = _bits(model), _bits(load_model(conv))
+    assert all(np.array_equal(a[k], b[k]) for k in a)             # still the converted weights, and readable
+    (tmp_path / "dconv" / "params").mkdir(parents=True)            # a converted drafter dir
+    (tmp_path / "dconv" / "jaxspec.json").write_text('{"format": "jaxspec-drafter"}')
+    with pytest.raises(FileExistsError, match=r"holds a converted checkpoint \(jaxspec.json, params/\)"):
+        export_drafter(tiny_drafter(), tmp_path / "dconv", num_target_layers=4)
+    assert sorted(p.name for p in (tmp_path / "dconv").iterdir()) == ["jaxspec.json", "params"]
+    for name, export in (("t", lambda out: export_target(other, out)),
+                         ("d", lambda out: export_drafter(tiny_drafter(), out, num_target_layers=4))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mtp.safetensors").write_bytes(b"an earlier model's head")
+        (tmp_path / name / "tokenizer.json").write_text("{}")
+        export(tmp_path / name)
+        names = {p.name for p in (tmp_path / name).iterdir()}
+        assert "tokenizer.json" in names and "mtp.safetensors" not in names, names
+
+
+def _tp_shape(**kw):
+    """The tiny target with 4 query heads over 2 kv heads, 4 GDN key heads and a vocabulary no degree divides:
+    tp 4 repeats the kv heads, tp 2 splits them, and both pad the vocabulary."""
+    cfg = train.tiny_sizes().target.replace(num_heads=4, num_kv_heads=2, linear_num_key_heads=4,
+                                            linear_num_value_heads=4, vocab_size=321, **kw)
+    return Qwen35(cfg, rngs=nnx.Rngs(5))
+
+
+@pytest.mark.parametrize("tp", [4, 2])
+def test_export_of_a_tensor_parallel_target_is_the_unsharded_checkpoint(tmp_path, tp):
+    """export_target of sharding.shard_target(m, mesh) writes m's own checkpoint: kv heads not repeated,
+    vocabulary not padded, config.json that of m; it loads back (unsharded) bit for bit."""
+    from convert.hf import load_target
+    from jaxspec import sharding as S
+    from jaxspec.export import export_target
+    model = _tp_shape()
+    sharded = S.shard_target(model, S.make_mesh(tp, 1))
+    assert sharded.cfg != model.cfg                                 # the tp layout: padded (and repeated at 4)
+    export_target(sharded, tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    assert hf["num_key_value_heads"] == 2 and hf["vocab_size"] == 321
+    back = load_target(tmp_path)
+    assert back.cfg == model.cfg
+    a, b = _bits(model), _bits(back)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+
+
+def test_export_of_a_tensor_parallel_drafter_is_the_unsharded_checkpoint(tmp_path):
+    from convert.drafter import load_drafter
+    from jaxspec import sharding as S
+    from jaxspec.export import export_drafter
+    model = tiny_drafter(scale=True)
+    sharded = S.shard_drafter(model, S.make_mesh(2, 1))
+    assert sharded.cfg.num_kv_heads == 2 and model.cfg.num_kv_heads == 1
+    export_drafter(sharded, tmp_path, num_target_layers=4)
+    back = load_drafter(tmp_path)
+    assert back.cfg == model.cfg
+    a, b = _bits(model), _bits(back)
+    for k in a:
+        assert a[k].shape == b[k].shape and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k

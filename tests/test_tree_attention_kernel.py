@@ -133,6 +133,47 @@ def test_dispatch(monkeypatch, seed):
                    reference.tree_attention(*args), 1e-6)
 
 
+# Each breaks one part of the contract of Spec(2, 5, 40, 4, 2, 16): q [2, 5, 4, 16], keys and values [2, 82, 2, 16],
+# start [2] int32, anc [2, 5, 5]. Before the api checked them, the kernel path returned a result for most.
+BAD_SHAPES = {
+    "q rank 3": ("q", lambda q, k, v, s, a: (q[0], k, v, s, a)),
+    "keys head_dim": ("keys", lambda q, k, v, s, a: (q, k[..., :8], v, s, a)),
+    "keys batch": ("keys", lambda q, k, v, s, a: (q, k[:1], v[:1], s, a)),
+    "values head_dim": ("values", lambda q, k, v, s, a: (q, k, jnp.concatenate([v, v], -1), s, a)),
+    "values shorter": ("values", lambda q, k, v, s, a: (q, k, v[:, :50], s, a)),
+    "values kv heads": ("values", lambda q, k, v, s, a: (q, k[:, :, :1], v, s, a)),
+    "heads not a multiple": ("query heads", lambda q, k, v, s, a: (q[:, :, :3], k, v, s, a)),
+    "start batch": ("start", lambda q, k, v, s, a: (q, k, v, s[:1], a)),
+    "start float": ("start", lambda q, k, v, s, a: (q, k, v, s.astype(jnp.float32), a)),
+    "anc nodes": ("anc", lambda q, k, v, s, a: (q, k, v, s, a[:, :4, :4])),
+    "anc batch": ("anc", lambda q, k, v, s, a: (q, k, v, s, a[:1])),
+}
+
+
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+@pytest.mark.parametrize("case", sorted(BAD_SHAPES))
+def test_api_refuses_shapes_off_the_contract(seed, case, impl):
+    """The op checks its shapes on every path (the kernel's, the GPU default, has none of its own), naming the
+    argument, its shape and the expected one; also under jit (static shapes)."""
+    name, bad = BAD_SHAPES[case]
+    args = bad(*make_inputs(seed, Spec(2, 5, 40, 4, 2, 16)))
+    with pytest.raises(ValueError, match=f"^tree_attention: .*{name}"):
+        api.tree_attention(*args, implementation=impl)
+    with pytest.raises(ValueError, match=f"^tree_attention: .*{name}"):
+        jax.jit(api.tree_attention, static_argnames="implementation")(*args, implementation=impl)
+
+
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+@pytest.mark.parametrize("batch,n", [(0, 3), (2, 0)])
+def test_api_empty_batch_or_tree(seed, batch, n, impl):
+    """No sequences or no nodes: the reference's empty [B, N, H, hd] in the values' dtype (the kernel's split
+    count divided by zero)."""
+    q, keys, values, start, anc = make_inputs(seed, Spec(2, 3, 20, 2, 1, 16))
+    args = (q[:batch, :n], keys[:batch], values[:batch].astype(jnp.bfloat16), start[:batch], anc[:batch, :n, :n])
+    out = api.tree_attention(*args, implementation=impl)
+    assert out.shape == (batch, n, 2, 16) and out.dtype == jnp.bfloat16
+
+
 def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     """jaxspec/model.py's Attention calls the op: forced to the kernel through the environment, a tree
     verify over a committed prefix gives the reference's output and cache."""

@@ -9,6 +9,7 @@ Errors are max |x - ref| / max |ref| over the whole output, in fp32: bound 1e-4 
 
 from __future__ import annotations
 
+import re
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +85,44 @@ def test_grouped_heads_equal_repeated_heads(seed):
         assert_matches(fn(*args), ref)
     with pytest.raises(ValueError, match="dividing the value heads"):
         reference.tree_delta_rule(q[:, :, :1].repeat(4, 2), k[:, :, :1].repeat(4, 2), *args[2:])
+
+
+# Arguments that break the contract, each against q, k [B, N, Hk, Dk] and v [B, N, H, Dv] (here B = 2, N = 5, H = 4,
+# Hk = 2, Dk = Dv = 16): (argument, its index, the wrong value). The kernels computed NaN or garbage from most of
+# them, the jnp solvers failed deep in an einsum.
+BAD_ARGS = [("g", 3, lambda x: x[..., :2]), ("beta", 4, lambda x: x[:, :4]), ("anc", 5, lambda x: x[:, :4, :4]),
+            ("anc", 5, lambda x: x.astype(jnp.float32)), ("s0", 6, lambda x: x[:, :2]),
+            ("s0", 6, lambda x: x[:, :, :8]), ("s0", 6, lambda x: x[..., :8]), ("s0", 6, lambda x: x[:1])]
+
+
+@pytest.mark.parametrize("name,index,bad", BAD_ARGS, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD_ARGS)])
+def test_bad_shapes_are_refused(seed, name, index, bad):
+    """Every implementation refuses an argument that does not fit q and v, naming it, its shape and the one
+    expected."""
+    args, _ = make_inputs(seed, Spec(2, 5, 4, 16, 16, "tree", key_heads=2))
+    args = list(args)
+    args[index] = bad(args[index])
+    shape = re.escape(str(args[index].shape))
+    for impl in ("reference", "xla", "pallas_interpret"):
+        with pytest.raises(ValueError, match=rf"tree_delta_rule: {name} {shape}.* must be"):
+            api.tree_delta_rule(*args, implementation=impl)
+
+
+@pytest.mark.parametrize("empty", ["batch", "nodes"])
+def test_empty_blocks(seed, empty):
+    """No sequence or no node: every implementation returns the reference's empty outputs (the kernels' grids and
+    index maps failed on them, or refused N = 0)."""
+    args, _ = make_inputs(seed, Spec(2, 5, 4, 16, 16, "tree", key_heads=2))
+    q, k, v, g, beta, anc, s0 = args
+    if empty == "batch":
+        args = [x[:0] for x in args]
+    else:
+        args = [x[:, :0] for x in (q, k, v, g, beta)] + [anc[:, :0, :0], s0]
+    ref = reference.tree_delta_rule(*args)
+    assert ref[0].shape == ((0, 5, 4, 16) if empty == "batch" else (2, 0, 4, 16))
+    for impl in ("xla", "pallas_interpret", "pallas_triton"):
+        out = api.tree_delta_rule(*args, implementation=impl)
+        assert [(x.shape, x.dtype) for x in out] == [(x.shape, x.dtype) for x in ref], impl
 
 
 @pytest.mark.parametrize("n", [17, 65])
@@ -288,6 +327,24 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert [r["impl"] for r in json.loads((tmp_path / "x.json").read_text())["rows"]] == ["xla"]
     with pytest.raises(SystemExit):
         bench.main(["--impls", "pallas_mosaic"])
+
+
+def test_bench_error_is_against_the_reference(tmp_path, monkeypatch):
+    """The error column compares every implementation with the reference, computed apart from the timed ones: a
+    wrong kernel timed alone (`--impls`) is not compared with itself."""
+    import json
+
+    from pallas_kernels.tree_delta_rule import bench
+
+    def wrong(*a):
+        o, d, G = xla.tree_delta_rule(*a)
+        return 2 * o, 2 * d, G
+    monkeypatch.setattr(bench, "implementations", lambda sweep, on_gpu: {
+        "reference": reference.tree_delta_rule, "xla": xla.tree_delta_rule, "pallas_triton": wrong})
+    bench.main(["--sizes", "2", "--layers", "1", "--iters", "1", "--impls", "pallas_triton",
+                "--json", str(tmp_path / "b.json")])
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["pallas_triton"] and rows[0]["rel_err_vs_reference"] > 0.5, rows
 
 
 @pytest.mark.parametrize("n", [16, 40])

@@ -139,6 +139,56 @@ def test_dispatch(monkeypatch, seed):
                                   reference.categorical(key, x / 0.8))
 
 
+JNP_IMPLS = ("reference", "xla", "pallas_interpret")
+
+
+def test_greedy_is_the_same_whatever_the_implementation(seed):
+    """The api's documented promise, through every implementation: for logits without NaN, argmax with the lowest
+    index on ties, -inf and +inf entries included, 0 for a row of only -inf. A NaN row is outside it: the jnp ones
+    give the first NaN's index (jnp.argmax), the kernel's choice there is unspecified (not checked)."""
+    x = logits_for(seed, 6, 300, ties=True)
+    x = x.at[0].set(-jnp.inf).at[1, 5:].set(-jnp.inf).at[2, [7, 250]].set(jnp.inf).at[3, 100:].set(x.max() + 1)
+    want = np.asarray(jnp.argmax(x, -1))
+    assert want[0] == 0 and want[2] == 7 and want[3] == 100
+    for impl in JNP_IMPLS:
+        np.testing.assert_array_equal(api.target_choice(None, x, 0.0, implementation=impl), want, err_msg=impl)
+    nan = x.at[4, [30, 60]].set(jnp.nan)
+    for impl in JNP_IMPLS[:2]:
+        assert int(api.target_choice(None, nan, 0.0, implementation=impl)[4]) == 30, impl
+
+
+@pytest.mark.parametrize("impl", JNP_IMPLS)
+def test_api_refuses_bad_temperatures_and_a_missing_key(seed, impl):
+    """temperature > 0 without a key drew with a fixed seed ("xla", the kernel) or failed in jax.random; a negative,
+    NaN or infinite temperature ran. Both are refused by name, by target_choice and by choice_partial."""
+    x, key = logits_for(seed, 3, 100), jax.random.key(seed)
+    with pytest.raises(ValueError, match="^target_choice: temperature 0.8 > 0 needs a key"):
+        api.target_choice(None, x, 0.8, implementation=impl)
+    for t in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"^target_choice: temperature must be >= 0 and finite, got {t}"):
+            api.target_choice(key, x, t, implementation=impl)
+    if impl != "reference":
+        with pytest.raises(ValueError, match="^choice_partial: temperature 0.8 > 0 needs a key"):
+            api.choice_partial(None, x, 0.8, implementation=impl)
+        with pytest.raises(ValueError, match="^choice_partial: temperature must be >= 0"):
+            api.choice_partial(key, x, -0.5, implementation=impl)
+    assert api.target_choice(None, x, 0.0, implementation=impl).shape == (3,)      # greedy needs no key
+
+
+@pytest.mark.parametrize("impl", JNP_IMPLS)
+def test_api_empty_rows_and_vocabulary(impl):
+    """No rows: the reference's empty [...] int32 (the kernel's split count divided by zero); no vocabulary: a
+    ValueError naming the logits, as jnp.argmax refuses an empty row (the others divided by zero)."""
+    for shape in ((0, 50), (2, 0, 50)):
+        out = api.target_choice(jax.random.key(0), jnp.zeros(shape), 0.8, implementation=impl)
+        assert out.shape == shape[:-1] and out.dtype == jnp.int32
+    if impl != "reference":
+        val, idx = api.choice_partial(None, jnp.zeros((0, 50)), 0.0, implementation=impl)
+        assert val.shape == idx.shape == (0,) and idx.dtype == jnp.int32
+    with pytest.raises(ValueError, match=r"^target_choice: logits \(2, 0\) must be \[..., V\] with V > 0"):
+        api.target_choice(None, jnp.zeros((2, 0)), 0.0, implementation=impl)
+
+
 def test_choose_goes_through_the_op(seed, monkeypatch):
     """jaxspec.sampling.choose: greedy and temperature-only through the op, top-k / top-p not."""
     from jaxspec.sampling import Sampling, choose

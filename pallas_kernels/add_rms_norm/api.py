@@ -26,8 +26,21 @@ def resolve(implementation: str | None = None) -> str:
 
 
 def add_rms_norm(x, u, w, *, eps: float, offset: float, implementation: str | None = None):
-    """See reference.add_rms_norm."""
+    """See reference.add_rms_norm: x, u [..., D] of one shape and dtype, w [D] (`check_args`; the kernel reads
+    u row for row and w over D, and writes both outputs in x's dtype). No rows (or D = 0): the reference's
+    empty outputs."""
     name = resolve(implementation)
-    if name == "reference":
+    check_args(x, u, w)
+    if name == "reference" or x.size == 0:      # the kernel's grid would be empty
         return reference.add_rms_norm(x, u, w, eps=eps, offset=offset)
     return pallas_triton.add_rms_norm(x, u, w, eps=eps, offset=offset, interpret=name == "pallas_interpret")
+
+
+def check_args(x, u, w):
+    """ValueError naming the argument unless x [..., D], u of x's shape and dtype, w [D] (static: also under jit)."""
+    if x.ndim < 1:
+        raise ValueError(f"add_rms_norm: x {x.shape} must be [..., D]")
+    if u.shape != x.shape or u.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm: u {u.shape} {u.dtype} must have the shape and dtype of x {x.shape} {x.dtype}")
+    if w.shape != x.shape[-1:]:
+        raise ValueError(f"add_rms_norm: w {w.shape} must be [D] = {x.shape[-1:]} for x {x.shape}")

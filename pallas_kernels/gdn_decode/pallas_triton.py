@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.gdn_decode.reference import heads
+from pallas_kernels.gdn_decode.reference import check_args
 
 PACK = 4    # per value head scalars in: a, b, A_log, dt_bias; out: G (repeated)
 
@@ -93,7 +93,7 @@ def gdn_decode(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0, *,
                num_warps=4):
     """Same contract as reference.gdn_decode. num_warps: 4, the faster of the two bench.py times on the
     H200 (26.2 against 30.4 us a layer, 48 layers in one jit; bench/results/2026-11-30-h200-kernel-flags)."""
-    hk, rep, dk, dv = heads(conv_in, z, s0)
+    hk, rep, dk, dv = check_args(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0)
     if not supports(dk, dv):
         raise ValueError(f"gdn_decode kernel takes power-of-two head dims, got Dk={dk}, Dv={dv}")
     bsz, c = conv_in.shape

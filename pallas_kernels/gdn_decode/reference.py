@@ -29,6 +29,9 @@ def _l2norm(x, eps=1e-6):
 
 def heads(conv_in, z, s0):
     """(Hk, rep, Dk, Dv) from conv_in [B, C], z [B, Hv, Dv], s0 [B, Hv, Dk, Dv]."""
+    if conv_in.ndim != 2 or z.ndim != 3 or s0.ndim != 4:
+        raise ValueError(f"gdn_decode: conv_in {conv_in.shape}, z {z.shape} and s0 {s0.shape} must be [B, C], "
+                         f"[B, Hv, Dv] and [B, Hv, Dk, Dv]")
     hv, dv = z.shape[1:]
     dk = s0.shape[2]
     hk = (conv_in.shape[-1] - hv * dv) // (2 * dk)
@@ -38,6 +41,27 @@ def heads(conv_in, z, s0):
     return hk, hv // hk, dk, dv
 
 
+def check_args(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0):
+    """`heads`, after checking every argument against conv_in [B, C], z [B, Hv, Dv] and s0's Dk (the shapes of
+    `gdn_decode`). Static shapes, so a Python check (also under jit); a mismatch is refused naming the argument.
+    The kernel reads wrong shapes out of bounds (NaN or garbage); the jnp reference broadcasts some."""
+    hk, rep, dk, dv = heads(conv_in, z, s0)
+    (bsz, c), hv = conv_in.shape, hk * rep
+    if conv_w.ndim != 2 or conv_w.shape[0] < 1 or conv_w.shape[1] != c:
+        raise ValueError(f"gdn_decode: conv_w {conv_w.shape} must be [K, C] = (K, {c}), K >= 1, for conv_in "
+                         f"{conv_in.shape}")
+    kw = conv_w.shape[0]
+    want = dict(history=("[B, K-1, C]", history, (bsz, kw - 1, c)), z=("[B, Hv, Dv]", z, (bsz, hv, dv)),
+                a=("[B, Hv]", a, (bsz, hv)), b=("[B, Hv]", b, (bsz, hv)), A_log=("[Hv]", A_log, (hv,)),
+                dt_bias=("[Hv]", dt_bias, (hv,)), norm_w=("[Dv]", norm_w, (dv,)),
+                s0=("[B, Hv, Dk, Dv]", s0, (bsz, hv, dk, dv)))
+    for name, (dims, x, shape) in want.items():
+        if x.shape != shape:
+            raise ValueError(f"gdn_decode: {name} {x.shape} must be {dims} = {shape} for conv_in {conv_in.shape}, "
+                             f"conv_w {conv_w.shape} and z {z.shape}")
+    return hk, rep, dk, dv
+
+
 def gdn_decode(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0, *, eps: float):
     """conv_in [B, C] (this token's in_proj_qkv output; channels per key head: q, k, then its rep value
     heads' v); history [B, K-1, C] (the previous K-1 conv inputs, oldest first); conv_w [K, C] (tap K-1
@@ -45,7 +69,7 @@ def gdn_decode(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0, *,
     [Hv]; norm_w [Dv]; s0 [B, Hv, Dk, Dv] fp32.
     Returns out [B, Hv, Dv] in conv_in's dtype, k [B, Hk, Dk], delta [B, Hv, Dv], G [B, Hv] (fp32)."""
     f32 = jnp.float32
-    hk, rep, dk, dv = heads(conv_in, z, s0)
+    hk, rep, dk, dv = check_args(conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0)
     bsz = conv_in.shape[0]
     window = jnp.concatenate([history.astype(f32), conv_in[:, None].astype(f32)], 1)        # [B, K, C]
     x = jax.nn.silu(jnp.einsum("bjc,jc->bc", window, conv_w.astype(f32), precision=_HI))

@@ -37,9 +37,11 @@ def resolve(n: int, dk: int, dv: int, implementation: str | None = None) -> str:
 
 def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: int,
                     implementation: str | None = None):
-    """See reference.gdn_tree_inputs."""
-    name = resolve(y.shape[1], dk, dv, implementation)
+    """See reference.gdn_tree_inputs. Arguments of other shapes are refused (reference.layout); an empty block (B or
+    N 0) gives the reference's empty outputs, whatever the implementation."""
     args = (y, history, conv_w, A_log, dt_bias, rows)
-    if name == "reference":
+    reference.layout(*args, dk, dv)
+    name = resolve(y.shape[1], dk, dv, implementation)
+    if name == "reference" or not y.shape[0] * y.shape[1]:    # the kernel's grid needs a sequence, it refuses N = 0
         return reference.gdn_tree_inputs(*args, dk=dk, dv=dv)
     return pallas_triton.gdn_tree_inputs(*args, dk=dk, dv=dv, interpret=name == "pallas_interpret")

@@ -88,7 +88,7 @@ def _kernel(y_ref, hist_ref, w_ref, alog_ref, dtb_ref, rows_ref, q_ref, k_ref, v
 @functools.partial(jax.jit, static_argnames=("dk", "dv", "interpret", "num_warps"))
 def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: int, interpret=False, num_warps=4):
     """Same contract as reference.gdn_tree_inputs."""
-    hk, rep, gc, gw = layout(y, conv_w, A_log, dk, dv)
+    hk, rep, gc, gw = layout(y, history, conv_w, A_log, dt_bias, rows, dk, dv)
     bsz, n, _ = y.shape
     if not supports(n, dk, dv):
         raise ValueError(f"gdn_tree_inputs kernel takes 1..{MAX_N} nodes and power-of-two head dims >= 16, got "

@@ -34,9 +34,25 @@ def groups(op: str, w: int, c: int, hv: int, dk: int, dv: int):
     return hk, hv // hk, c // hk, w // hk
 
 
-def layout(y, conv_w, A_log, dk: int, dv: int):
-    """`groups` from y [B, N, W], conv_w [K, C], A_log [Hv]."""
-    return groups("gdn_tree_inputs", y.shape[-1], conv_w.shape[1], A_log.shape[0], dk, dv)
+def layout(y, history, conv_w, A_log, dt_bias, rows, dk: int, dv: int):
+    """`groups` from y [B, N, W], conv_w [K, C], A_log [Hv], after checking the other arguments against them:
+    history [B, K-1, C], dt_bias [Hv], rows [B, K, N] integer. Static shapes, so a Python check (also under jit); a
+    mismatch is refused naming the argument. The kernel reads wrong shapes out of bounds (NaN or garbage)."""
+    if y.ndim != 3 or conv_w.ndim != 2 or conv_w.shape[0] < 1 or A_log.ndim != 1:
+        raise ValueError(f"gdn_tree_inputs: y {y.shape}, conv_w {conv_w.shape} and A_log {A_log.shape} must be "
+                         f"[B, N, W], [K, C] (K >= 1) and [Hv]")
+    hk, rep, gc, gw = groups("gdn_tree_inputs", y.shape[-1], conv_w.shape[1], A_log.shape[0], dk, dv)
+    (b, n, _), (kw, c), hv = y.shape, conv_w.shape, A_log.shape[0]
+    want = dict(history=("[B, K-1, C]", history, (b, kw - 1, c)), dt_bias=("[Hv]", dt_bias, (hv,)),
+                rows=("[B, K, N]", rows, (b, kw, n)))
+    for name, (dims, x, shape) in want.items():
+        if x.shape != shape:
+            raise ValueError(f"gdn_tree_inputs: {name} {x.shape} must be {dims} = {shape} for y {y.shape}, "
+                             f"conv_w {conv_w.shape} and A_log {A_log.shape}")
+    if not jnp.issubdtype(rows.dtype, jnp.integer):
+        raise ValueError(f"gdn_tree_inputs: rows {rows.shape} {rows.dtype} must be [B, K, N] integer (indices into "
+                         f"concat(history, nodes))")
+    return hk, rep, gc, gw
 
 
 def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: int):
@@ -45,7 +61,7 @@ def gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk: int, dv: in
     (row d: each node's conv input d steps up, as an index into concat(history, nodes): model.window_index).
     Returns q, k [B, N, Hk, Dk], v [B, N, Hv, Dv], g, beta [B, N, Hv], all fp32."""
     f32 = jnp.float32
-    hk, rep, gc, gw = layout(y, conv_w, A_log, dk, dv)
+    hk, rep, gc, gw = layout(y, history, conv_w, A_log, dt_bias, rows, dk, dv)
     b, n = y.shape[:2]
     hv, kw = hk * rep, conv_w.shape[0]
     grouped = y.reshape(b, n, hk, gw)

@@ -7,9 +7,10 @@ Each timed call is one jit of `--layers` products with distinct weights (a layer
 from HBM as in the model, not re-read from L2; the next input depends on the previous output), bf16.
 Reported per product: synchronised wall time and device time (bench.profile.device_time, the kernels'
 summed durations, the split-K sum included), and the weight bytes over the device time in TB/s: the
-rate that matters, since at 16 and 65 rows every projection is bound by its weight bytes. `--sweep`
-adds tile variants of the kernels (Triton: block_n, block_k, split_k, warps, stages; Mosaic GPU: block_n,
-split_k, pipeline steps, the product's form).
+rate that matters, since at 16 and 65 rows every projection is bound by its weight bytes; and the error
+against XLA's dot (`rel_err_vs_xla`: max |out - xla| / max |xla|, XLA run untimed whatever `--impls` keeps).
+`--sweep` adds tile variants of the kernels (Triton: block_n, block_k, split_k, warps, stages; Mosaic GPU:
+block_n, split_k, pipeline steps, the product's form).
 """
 
 from __future__ import annotations
@@ -106,16 +107,24 @@ def main(argv=None):
     if unknown:
         p.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(shapes)}")
     on_gpu = jax.default_backend() == "gpu"
+    ms = [int(m) for m in a.rows.split(",")]
+    keep = tuple(x for x in a.impls.split(",") if x)
+    known = {impl: None for name in names for m in ms
+             for impl in implementations(m, *shapes[name][:2], a.sweep, on_gpu, a.wave)}
+    unknown = [x for x in keep if not any(impl.startswith(x) for impl in known)]
+    if unknown:
+        bases = ", ".join(dict.fromkeys(impl.split("/")[0] for impl in known))
+        p.error(f"--impls: {unknown} not available here; choose prefixes of {bases} (or of their variants)")
     rows = []
     print(f"{jax.devices()[0].device_kind}; bf16, per product, median of {a.iters} calls of {a.layers} products")
     for name in names:
         k, n, _ = shapes[name]
         ws = jnp.stack([arg_specs.make_inputs(i + 1, 1, k, n, jnp.bfloat16)[1] for i in range(a.layers)])
         gb = k * n * 2 / 1e9
-        for m in map(int, a.rows.split(",")):
+        for m in ms:
             x = arg_specs.make_inputs(0, m, k, n, jnp.bfloat16)[0]
-            ref = None
-            keep = tuple(x for x in a.impls.split(",") if x)
+            # the error column's baseline: XLA's dot (untimed), whichever implementations run
+            ref = stacked(reference.matmul, a.layers)(x, ws).astype(jnp.float32)
             for impl, fn in implementations(m, k, n, a.sweep, on_gpu, a.wave).items():
                 if keep and not impl.startswith(keep):
                     continue
@@ -129,9 +138,7 @@ def main(argv=None):
                     continue
                 out, compile_s = t["out"], t["compile_s"]
                 us, dev_us = t["wall_s"] / a.layers * 1e6, t["device_s"] / a.layers * 1e6
-                ref = out if ref is None else ref
-                err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))
-                            / jnp.max(jnp.abs(ref.astype(jnp.float32))))
+                err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
                 tb_s = gb / (dev_us * 1e-6) / 1e3
                 rows.append(dict(shape=name, m=m, k=k, n=n, impl=impl, us=us, device_us=dev_us, tb_s=tb_s,
                                  rel_err_vs_xla=err, compile_s=compile_s))

@@ -26,6 +26,8 @@ A forced implementation is used as is: forcing "pallas_triton" off the GPU, or b
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from pallas_kernels import dispatch
 from pallas_kernels.tree_delta_rule import pallas_triton, reference, xla
 
@@ -47,9 +49,16 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = N
     g, beta: [B, N, H] log-decay and write strength; anc: [B, N, N] bool, anc[b, i, j] iff j is an
     ancestor-or-self of i (topological order); s0: [B, H, Dk, Dv] state entering the block.
     Returns o [B, N, H, Dv], delta [B, N, H, Dv], G [B, N, H], all fp32.
+    Arguments of other shapes are refused (reference.check_args); an empty block (B or N 0) gives the reference's
+    empty outputs, whatever the implementation.
     """
-    name = resolve(q.shape[1], implementation)
     args = (q, k, v, g, beta, anc, s0)
+    reference.check_args(*args)
+    name = resolve(q.shape[1], implementation)
+    b, n, h, dv = v.shape
+    if not b * n:           # the kernels' grids and index maps need a sequence and a node (the kernel refuses N = 0)
+        f32 = jnp.float32
+        return jnp.zeros((b, n, h, dv), f32), jnp.zeros((b, n, h, dv), f32), jnp.zeros((b, n, h), f32)
     if name == "pallas_triton":
         return pallas_triton.tree_delta_rule(*args)
     if name == "pallas_interpret":

@@ -10,6 +10,7 @@ launch overhead is amortised as in a decode step; reported per layer, synchronis
 tuning variants (where the Gram tiles and M are formed, dot precision, value slice, key chunk, warps).
 Each row also gives the bytes a layer's call reads and writes (its inputs, the state included, and its outputs) over its device time, against a
 device copy measured in the same run (`frac_of_copy`): the op streams the fp32 state, so that is its ceiling.
+The error (`rel_err_vs_reference`, o and delta of the last layer) is against the reference, run untimed.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def main(argv=None):
         spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, "tree",
                               key_heads=arg_specs.REAL_KEY_HEADS)
         args, _ = arg_specs.make_inputs(n, spec)
-        ref = None
+        # The error column is against the reference, run apart and untimed: not against whichever implementation
+        # ran first (with --impls, a kernel was compared with itself).
+        ref = jax.block_until_ready(stacked(reference.tree_delta_rule, a.layers)(*args))[0]
         for name, fn in impls.items():
             run = stacked(fn, a.layers)
             try:
@@ -97,8 +100,6 @@ def main(argv=None):
                 continue
             outs, compile_s = t["out"][0], t["compile_s"]
             us, dev_us = t["wall_s"] / a.layers * 1e6, t["device_s"] / a.layers * 1e6
-            if ref is None:
-                ref = outs
             err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs[:2], ref[:2]))
             nbytes = sum(x.nbytes for x in jax.tree.leaves((args, outs)))
             bw = nbytes / ((dev_us if dev_us > 0 else us) * 1e-6)

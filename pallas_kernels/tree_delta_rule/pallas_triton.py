@@ -236,9 +236,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     gram_precision: "tf32x3" (default) or "ieee" for those products ahead of the kernels (XLA's, not the
     kernels' dots).
     """
+    rep = reference.check_args(q, k, v, g, beta, anc, s0)
     b, n, h, dv = v.shape
     dk = q.shape[3]
-    rep = reference.heads_per_key(q, k, v)
     if not supports(n):
         raise ValueError(f"tree_delta_rule kernel takes 1..{MAX_N} nodes, got {n}")
     for name, value in (("precision", precision), ("gram_precision", gram_precision)):

@@ -32,11 +32,29 @@ def _decay(G, anc):
 def heads_per_key(q, k, v) -> int:
     """How many value heads each key head serves: q and k [B, N, Hk, Dk] (equal shapes), v [B, N, H, Dv]
     with H a multiple of Hk; value head h reads key head h // (H / Hk) (the GDN's repeat_interleave)."""
-    h, hk = v.shape[2], q.shape[2]
-    if q.shape != k.shape or q.shape[:2] != v.shape[:2] or h % hk:
+    if q.ndim != 4 or v.ndim != 4 or q.shape != k.shape or q.shape[:2] != v.shape[:2] or not q.shape[2] or (
+            v.shape[2] % q.shape[2]):
         raise ValueError(f"tree_delta_rule: q {q.shape} and k {k.shape} must be equal [B, N, Hk, Dk] with Hk "
-                         f"dividing the value heads of v {v.shape}")
-    return h // hk
+                         f"dividing the value heads of v {v.shape} [B, N, H, Dv]")
+    return v.shape[2] // q.shape[2]
+
+
+def check_args(q, k, v, g, beta, anc, s0) -> int:
+    """`heads_per_key`, after checking the other arguments against q [B, N, Hk, Dk] and v [B, N, H, Dv]: g, beta
+    [B, N, H], anc [B, N, N] bool (or integer), s0 [B, H, Dk, Dv]. Static shapes, so a Python check (also under
+    jit); a mismatch is refused naming the argument. The kernels read wrong shapes out of bounds (NaN or garbage)."""
+    rep = heads_per_key(q, k, v)
+    b, n, h, dv = v.shape
+    want = dict(g=("[B, N, H]", (b, n, h)), beta=("[B, N, H]", (b, n, h)), anc=("[B, N, N]", (b, n, n)),
+                s0=("[B, H, Dk, Dv]", (b, h, q.shape[3], dv)))
+    for (name, (dims, shape)), x in zip(want.items(), (g, beta, anc, s0)):
+        if x.shape != shape:
+            raise ValueError(f"tree_delta_rule: {name} {x.shape} must be {dims} = {shape} for q {q.shape} and "
+                             f"v {v.shape}")
+    if not (anc.dtype == jnp.bool_ or jnp.issubdtype(anc.dtype, jnp.integer)):
+        raise ValueError(f"tree_delta_rule: anc {anc.shape} {anc.dtype} must be bool (or integer 0 / 1): the "
+                         f"kernels threshold it, the jnp solvers weight by it")
+    return rep
 
 
 def tree_delta_rule(q, k, v, g, beta, anc, s0):
@@ -51,7 +69,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0):
     Returns o [B,N,H,Dv], delta [B,N,H,Dv], G [B,N,H] (path-cumulative log-decay).
     """
     f32 = jnp.float32
-    rep = heads_per_key(q, k, v)
+    rep = check_args(q, k, v, g, beta, anc, s0)
     q, k = (jnp.repeat(x, rep, 2) for x in (q, k))
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     n = q.shape[1]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.tree_delta_rule.reference import _decay, heads_per_key
+from pallas_kernels.tree_delta_rule.reference import _decay, check_args
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -51,7 +51,7 @@ def unit_lower_inverse(L):
 def tree_delta_rule(q, k, v, g, beta, anc, s0):
     """Same contract as reference.tree_delta_rule."""
     f32 = jnp.float32
-    rep = heads_per_key(q, k, v)
+    rep = check_args(q, k, v, g, beta, anc, s0)
     q, k = (jnp.repeat(x, rep, 2) for x in (q, k))
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
     n = q.shape[1]
