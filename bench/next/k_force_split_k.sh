@@ -1,4 +1,9 @@
 #!/bin/bash
+# Ran in session 53 (bench/results/2026-12-05-h200-s53/force-split-k/), one run each: DFlash 17.52 / 17.61 / 17.92 /
+# 18.34 ms, DDTree(63) 20.64 / 20.41 / 21.13 / 22.06 (default / S = 1 / 2 / 4). Not set: S = 1 was 0.23 ms shorter in
+# DDTree(63) but 0.09 longer in DFlash, both inside one run's spread (0.47 ms in session 52). To settle S = 1:
+#   ORDER="default 1 default 1" OUT=... bash bench/next/k_force_split_k.sh   (~7.5 min; keep S = 1 by the rule below
+#   on the means of two).
 # #6 (nvidia-h200, one call, ~6 min): XLA's split-K for the verify's products, forced to 1, 2 or 4 splits.
 # In session 46's DDTree(63) round (bench/results/2026-12-04-h200-s46/call2-round-trace/, optimized HLO) the GDN in_proj
 # product at 64 rows is split in two along K: it writes f32[2, 64, 16480] (8.4 MB), and two fusions a layer sum the
@@ -28,5 +33,9 @@ rounds() {  # NAME [XLA flags]
     --rounds-only --budgets 63 --round-budget 63 --max-len 8192 --out $W/rounds-$1.json > $W/rounds-$1.log 2>&1
   echo "rounds $1 rc=$? at $((SECONDS - START)) s"; grep "_round " $W/rounds-$1.log | cut -c1-120
 }
-rounds default
-for S in ${SPLITS:-1 2 4}; do rounds force$S --xla_gpu_experimental_force_split_k=$S; done
+# ORDER (e.g. "default 1 default 1"): these runs in this order instead, each file named with its place in it.
+i=0
+for S in ${ORDER:-default ${SPLITS:-1 2 4}}; do
+  i=$((i + 1)); tag=${ORDER:+-$i}
+  if [ "$S" = default ]; then rounds default$tag; else rounds force$S$tag --xla_gpu_experimental_force_split_k=$S; fi
+done
