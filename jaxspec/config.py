@@ -43,8 +43,8 @@ class TargetConfig:
     # Rows of the embedding / columns of lm_head when tensor parallelism pads the vocabulary to a multiple
     # of its degree (jaxspec/sharding.py); 0 = vocab_size. Padded logits are -inf.
     padded_vocab: int = 0
-    # The longest sequence (prompt + generated tokens) the model was trained for, from config.json; 0 = not known,
-    # no bound. Engine.generate refuses requests beyond it. Not part of equality or the hash: it changes no program.
+    # The model's context limit (prompt + generated tokens), config.json's max_position_embeddings; 0 = none known.
+    # Engine.generate refuses requests beyond it. Not part of equality or the hash: it changes no program.
     max_position_embeddings: int = dataclasses.field(default=0, compare=False)
 
     @property
@@ -93,7 +93,7 @@ class TargetConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_position_embeddings < 0:
-            raise ConfigError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
+            raise ConfigError(f"max_position_embeddings must be >= 0 (0: no limit), got {self.max_position_embeddings}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads ({self.num_heads}) is not a multiple of "
                               f"num_key_value_heads ({self.num_kv_heads})")

@@ -278,6 +278,14 @@ class Engine:
         if bad:
             raise ConfigError(f"the {self.spec.name} speculator was built for another target than this model "
                               f"({'; '.join(bad)})")
+        # The drafter (DFlash, DDTree) or MTP head laid out on the mesh too: unsharded, it fails in the first generate
+        # (on one device: incompatible devices; with kv heads fewer than the degree: an IndivisibleError), or, left
+        # uncommitted, its whole weights are resharded from one device on every call. AR has no params.
+        fixes = {"dflash": ("DFlash drafter", "drafter", "shard_drafter"),
+                 "ddtree": ("DFlash drafter", "drafter", "shard_drafter"), "mtp": ("MTP head", "head", "shard_mtp")}
+        if mesh is not None and self.spec.name in fixes and isinstance(self.spec.params, nnx.State):
+            what, arg, fix = fixes[self.spec.name]
+            check_laid_out(self.spec.params, mesh, what, fix, arg=arg, load=False)
         self.graphdef, target_params = nnx.split(model)
         self.params = (target_params, self.spec.params)
         self.sampling = sampling
@@ -427,8 +435,8 @@ class Engine:
         longest, bound = max(len(p) for p in prompts), self.cfg.max_position_embeddings
         if bound and longest + max_new_tokens > bound:
             raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                             f"max_position_embeddings ({bound}, from its config.json): positions beyond it were "
-                             "never trained; shorten the prompt or ask for fewer new tokens")
+                             f"context limit (max_position_embeddings {bound} in its config.json); shorten the "
+                             "prompt or ask for fewer new tokens")
         need = longest + max_new_tokens + self.spec.tree_size
         max_len = max_len or default_max_len(need)
         if need > max_len:

@@ -31,9 +31,6 @@ INDEX_NAME = "model.safetensors.index.json"
 # Weights an export does not write but that a load would read with its own: an earlier model's MTP head
 # (convert/hf.py MTP_FILE) goes with the rest of that model's weights.
 STALE_WEIGHTS = ("mtp.safetensors",)
-# What makes a dir a converted (Orbax) checkpoint (convert/store.py META, PARAMS): a load reads its params/, never
-# the exported weights, so an export refuses such a dir rather than write beside it or delete it.
-CONVERTED = ("jaxspec.json", "params")
 
 
 @contextlib.contextmanager
@@ -73,9 +70,10 @@ def check_export_dir(out: str | Path) -> None:
     """Refuse an `out` that an export must not write: not a directory (`_check_not_a_file`), or a converted
     checkpoint dir (jaxspec.json, params/). As `convert --overwrite` never replaces a dir of another kind, the
     converted one is left whole: remove it yourself or choose another output dir."""
+    from convert.store import META, PARAMS      # what makes a dir a converted checkpoint; a load reads its params/
     out = Path(out)
     _check_not_a_file(out)
-    found = [name + ("/" if (out / name).is_dir() else "") for name in CONVERTED
+    found = [name + ("/" if (out / name).is_dir() else "") for name in (META, PARAMS)
              if (out / name).exists() or (out / name).is_symlink()]
     if found:
         raise FileExistsError(f"{out}: not replaced: it holds a converted checkpoint ({', '.join(found)}), whose "

@@ -163,6 +163,11 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = parser().parse_args(argv)
+    from pallas_kernels.dispatch import check_flags
+    try:
+        check_flags()       # before any loading: a misspelt JAXSPEC_* flag would choose nothing
+    except ValueError as e:
+        parser().error(str(e))
     demo = args.model is None and demo_available()
     compare = demo and args.method is None
     if args.method is None:

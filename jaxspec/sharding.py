@@ -293,13 +293,17 @@ def _where(sharding) -> str:
     return f"{type(sharding).__name__} on {len(devices)} devices"
 
 
-def check_laid_out(module, mesh: Mesh, what: str = "model", fix: str = "shard_target") -> None:
-    """ConfigError unless every array of the NNX `module` (target, drafter or MTP head) is placed as
-    `shard_module` on `mesh` places it (`param_spec` on this mesh's devices, or an equivalent sharding): an
-    unsharded module, or one laid out for another mesh, would fail deep inside the compiled program."""
+def check_laid_out(module, mesh: Mesh, what: str = "model", fix: str = "shard_target", *, arg: str | None = None,
+                   load: bool = True) -> None:
+    """ConfigError unless every array of the NNX `module` (target, drafter or MTP head, or its nnx.State, as a
+    speculator's `params`) is placed as `shard_module` on `mesh` places it (`param_spec` on this mesh's devices, or
+    an equivalent sharding): an unsharded module, or one laid out for another mesh, would fail deep inside the
+    compiled program. The error names `what` and the fix, jaxspec.sharding.`fix`(`arg` (default `what`), mesh),
+    and with `load` loading with mesh=mesh (the target's loaders take a mesh; the drafter's and MTP head's do not)."""
     from flax import nnx
 
     check_mesh(mesh)
+    call = f"jaxspec.sharding.{fix}({arg or what}, mesh)" + (", or load it with mesh=mesh" if load else "")
     for path, var in nnx.to_flat_state(nnx.state(module)):
         x = var.get_value()
         if not isinstance(x, jax.Array):
@@ -308,8 +312,7 @@ def check_laid_out(module, mesh: Mesh, what: str = "model", fix: str = "shard_ta
         if not x.sharding.is_equivalent_to(want, x.ndim):
             name = "/".join(map(str, path))
             raise ConfigError(f"the {what} is not laid out for this mesh (shape {dict(mesh.shape)}): {name} is "
-                              f"{_where(x.sharding)}, not {want.spec} on the mesh; lay it out with "
-                              f"jaxspec.sharding.{fix}({what}, mesh), or load it with mesh=mesh")
+                              f"{_where(x.sharding)}, not {want.spec} on the mesh; lay it out with {call}")
 
 
 # ------------------------------------------------------------------------------------------------ state

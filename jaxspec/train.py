@@ -2265,6 +2265,11 @@ def main(argv=None) -> int:
     from convert.hf import CheckpointError
     args = parser().parse_args(argv)
     try:
+        dispatch.check_flags()               # before any work: a misspelt JAXSPEC_* flag would choose nothing
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         return args.func(args)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -178,9 +178,9 @@ def test_requests_beyond_max_position_embeddings_are_refused(target, tiny_hf, tm
     engine = Engine(short)
     assert engine.generate(P, 7).tokens == Engine(target).generate(P, 7).tokens   # 5 + 7 = 12: allowed
     with pytest.raises(ValueError, match=r"prompt \(5 tokens\) \+ max_new_tokens \(8\) exceeds the model's "
-                                         r"max_position_embeddings \(12, from its config.json\)"):
+                                         r"context limit \(max_position_embeddings 12 in its config.json\)"):
         engine.generate([[1, 2], P[0]], 8)
     hf["max_position_embeddings"] = -3
     (model_dir / "config.json").write_text(json.dumps(hf))
-    with pytest.raises(ConfigError, match=r"config.json: max_position_embeddings must be positive, got -3"):
+    with pytest.raises(ConfigError, match=r"config.json: max_position_embeddings must be >= 0 \(0: no limit\), got -3"):
         load_target_config(model_dir)

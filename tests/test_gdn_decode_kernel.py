@@ -196,3 +196,12 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert [r["impl"] for r in rows] == ["reference"] and rows[0]["us_per_layer"] > 0
     assert 0 < rows[0]["device_us_per_layer"] < float("inf")                  # from a trace of the loop
     assert rows[0]["bytes_per_layer"] > 48 * 128 * 128 * 4                     # at least the state
+
+
+def test_zero_head_dims_are_refused(seed):
+    """Dk = 0 divided by zero in the key-head count; Dv = 0 has no value channels: a ValueError names both."""
+    args = list(make_inputs(seed, 1, 2, 2, 16, 16, 4, jnp.float32))
+    args[-1] = args[-1][:, :, :0]                       # s0 [B, Hv, 0, Dv]
+    with pytest.raises(ValueError, match=r"gdn_decode: z \(1, 4, 16\) and s0 \(1, 4, 0, 16\) need value heads, Dv and "
+                                         r"Dk > 0"):
+        api.gdn_decode(*args, eps=1e-6, implementation="reference")

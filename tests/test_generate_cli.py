@@ -192,6 +192,14 @@ def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
+def test_a_misspelt_flag_ends_with_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("JAXSPEC_VERIFYY", "xla")
+    with pytest.raises(SystemExit) as e:
+        main(["--method", "ar", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "JAXSPEC_VERIFYY is set" in err and "did you mean JAXSPEC_VERIFY?" in err, err
+
+
 def test_tokenizer_errors_name_the_model(dirs, tmp_path, capsys):
     target, _ = dirs
     model = with_small_tokenizer(target, tmp_path / "m")

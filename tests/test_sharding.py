@@ -536,6 +536,33 @@ def test_unsharded_mtp_head_with_a_sharded_target_says_to_lay_it_out(target):
     assert "shard_mtp" not in str(e.value)
 
 
+def test_engine_names_a_speculator_not_laid_out_for_its_mesh(target, drafter):
+    """An unsharded DFlash / DDTree drafter or MTP head with a target laid out for the mesh (or one laid out for
+    another mesh) fails in Engine() with a ConfigError saying to call sharding.shard_drafter / shard_mtp. Before,
+    the first generate failed deep in JAX: committed to one device, with incompatible devices; at TP 4 (the
+    drafter's 2 kv heads fewer than the degree), with an IndivisibleError; and a drafter left uncommitted at TP 2
+    ran, its whole weights resharded from one device on every call. Laid-out speculators are accepted."""
+    from jaxspec.mtp import MTP, MTPHead
+    head = MTPHead(target.cfg, rngs=nnx.Rngs(3))
+    on_device = lambda m: nnx.merge(nnx.graphdef(m), jax.device_put(nnx.state(m), jax.devices()[0]))  # as load_mtp
+    drafter_fix = r"jaxspec\.sharding\.shard_drafter\(drafter, mesh\)$"
+    for tp, dp in ((2, 1), (4, 2), (2, 2)):
+        mesh = S.make_mesh(tp, dp)
+        st, other = S.shard_target(target, mesh), S.make_mesh(tp, 3 - dp)
+        for d in (drafter, on_device(drafter), S.shard_drafter(drafter, other)):
+            for budget in (None, 12):
+                with pytest.raises(ConfigError, match=r"the DFlash drafter is not laid out for this mesh \(shape "
+                                                      rf"\{{'data': {dp}, 'model': {tp}\}}\).*" + drafter_fix):
+                    Engine(st, DFlash(d, st.cfg, budget=budget), mesh=mesh)
+        Engine(st, DFlash(S.shard_drafter(drafter, mesh), st.cfg, budget=12), mesh=mesh)
+        # At TP 4 MTP() itself refuses the unsharded head (its 2 kv heads not repeated to 4).
+        for h in ((head, on_device(head)) if tp == 2 else ()) + (S.shard_mtp(head, other),):
+            with pytest.raises(ConfigError, match=r"the MTP head is not laid out for this mesh.*"
+                                                  r"jaxspec\.sharding\.shard_mtp\(head, mesh\)$"):
+                Engine(st, MTP(h, st.cfg, 2), mesh=mesh)
+        Engine(st, MTP(S.shard_mtp(head, mesh), st.cfg, 2), mesh=mesh)
+
+
 def test_sampled_log_probs_run_per_vocab_shard(target, drafter):
     """The sampling transform on a vocabulary split 4 ways (TP 4 x DP 2, padding columns at -inf): the same kept
     tokens and log-probabilities as unsharded, with only the shards' top-k candidates gathered; and sampled AR,

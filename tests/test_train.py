@@ -1602,3 +1602,11 @@ def test_export_of_a_tensor_parallel_drafter_is_the_unsharded_checkpoint(tmp_pat
     a, b = _bits(model), _bits(back)
     for k in a:
         assert a[k].shape == b[k].shape and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+
+
+def test_a_misspelt_flag_ends_with_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPH", "none")
+    assert train.main(["eval", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--text", "x",
+                       "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: environment variable JAXSPEC_LOOP_GRAPH is set") and "JAXSPEC_LOOP_GRAPHS?" in err

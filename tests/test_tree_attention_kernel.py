@@ -141,7 +141,7 @@ BAD_SHAPES = {
     "keys batch": ("keys", lambda q, k, v, s, a: (q, k[:1], v[:1], s, a)),
     "values head_dim": ("values", lambda q, k, v, s, a: (q, k, jnp.concatenate([v, v], -1), s, a)),
     "values shorter": ("values", lambda q, k, v, s, a: (q, k, v[:, :50], s, a)),
-    "values kv heads": ("values", lambda q, k, v, s, a: (q, k[:, :, :1], v, s, a)),
+    "keys kv heads": ("values", lambda q, k, v, s, a: (q, k[:, :, :1], v, s, a)),   # keys and values differ
     "heads not a multiple": ("query heads", lambda q, k, v, s, a: (q[:, :, :3], k, v, s, a)),
     "start batch": ("start", lambda q, k, v, s, a: (q, k, v, s[:1], a)),
     "start float": ("start", lambda q, k, v, s, a: (q, k, v, s.astype(jnp.float32), a)),

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Record only: the flags it sets were removed with their code (bench/NOTES.md, sessions 44-46), and jaxspec now
+# refuses unknown JAXSPEC_* variables (pallas_kernels/dispatch.py FLAGS), so it no longer runs.
 # #6 (nvidia-h200, one call, ~8 min): tree attention's min_split_keys with the combine kernel loading all splits
 # at once, masked (session 45, call 4). Call 3 (bench/results/2026-12-04-h200-s45/call3-kernels/) timed the op on
 # the device: at 1K / N = 16 the default (33 splits of 32 keys, jnp combine) 22.6 us a layer, 8 splits 15.0, but

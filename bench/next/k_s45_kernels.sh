@@ -1,4 +1,6 @@
 #!/bin/bash
+# Record only: the flags it sets were removed with their code (bench/NOTES.md, sessions 44-46), and jaxspec now
+# refuses unknown JAXSPEC_* variables (pallas_kernels/dispatch.py FLAGS), so it no longer runs.
 # #6 (nvidia-h200, one call, ~7 min): session 45's second look at session 44's two opt-in kernels, after their
 # first GPU run this session (bench/results/2026-12-04-h200-s45/README.md):
 #   - state_update (dot form) took 59.5 / 515.6 / 1192.2 us a layer on the device at N = 16 / 64 / 65 against the

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Record only: the flags it sets were removed with their code (bench/NOTES.md, sessions 44-46), and jaxspec now
+# refuses unknown JAXSPEC_* variables (pallas_kernels/dispatch.py FLAGS), so it no longer runs.
 # #6 (nvidia-h200, one call, ~6 min): the commit's GDN state update as a kernel a layer (pallas_kernels/state_update),
 # written in session 44 after its GPU time was spent; CPU-tested only (interpret mode, the Triton lowering for an
 # abstract H200, per shard under a mesh, the engine with it interpreted).

@@ -16,7 +16,7 @@ real shape, in one lease. "reference" leaves the model on its general path (`Gat
 tree), of which reference.py is the one-node case.
 
 (*) Head dims the kernel does not take (not powers of two) run the reference unless `implementation=` names the
-kernel (which then refuses them), as in gdn_tree_inputs and tree_attention; so does an empty batch.
+kernel (which then refuses them), as in gdn_tree_inputs; so does an empty batch.
 """
 
 from __future__ import annotations

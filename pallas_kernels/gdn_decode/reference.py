@@ -34,6 +34,8 @@ def heads(conv_in, z, s0):
                          f"[B, Hv, Dv] and [B, Hv, Dk, Dv]")
     hv, dv = z.shape[1:]
     dk = s0.shape[2]
+    if not (hv and dv and dk):
+        raise ValueError(f"gdn_decode: z {z.shape} and s0 {s0.shape} need value heads, Dv and Dk > 0")
     hk = (conv_in.shape[-1] - hv * dv) // (2 * dk)
     if hk < 1 or hv % hk or hk * (2 * dk) + hv * dv != conv_in.shape[-1]:
         raise ValueError(f"gdn_decode: {conv_in.shape[-1]} conv channels do not hold {hv} value heads of {dv} "
