@@ -680,6 +680,15 @@ def _bits(model):
     return {p: np.ascontiguousarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
 
 
+def assert_same_bits(model, back):
+    """`back` holds `model`'s params bit for bit: the same paths, dtypes, shapes and bytes."""
+    a, b = _bits(model), _bits(back)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k].dtype, a[k].shape) == (b[k].dtype, b[k].shape), k
+        assert np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_export_target_round_trips_exactly(tmp_path, dtype):
     from convert.hf import load_target
@@ -690,10 +699,7 @@ def test_export_target_round_trips_exactly(tmp_path, dtype):
     assert len(set(index["weight_map"].values())) > 1            # sharded
     back = load_target(tmp_path)
     assert back.cfg == model.cfg
-    a, b = _bits(model), _bits(back)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+    assert_same_bits(model, back)
 
 
 def test_export_drafter_round_trips_exactly(tmp_path):
@@ -703,9 +709,7 @@ def test_export_drafter_round_trips_exactly(tmp_path):
     export_drafter(model, tmp_path, num_target_layers=4)
     back = load_drafter(tmp_path)
     assert back.cfg == model.cfg
-    a, b = _bits(model), _bits(back)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+    assert_same_bits(model, back)
 
 
 def test_export_drafter_in_shards_round_trips_exactly(tmp_path):
@@ -734,9 +738,7 @@ def test_export_drafter_in_shards_round_trips_exactly(tmp_path):
     export_drafter(model, tmp_path / "again", num_target_layers=4, max_shard_bytes=limit)
     export_drafter(model, tmp_path / "again", num_target_layers=4)                # and back to one file
     assert sorted(p.name for p in (tmp_path / "again").iterdir()) == ["config.json", "model.safetensors"]
-    a, b = _bits(model), _bits(back)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+    assert_same_bits(model, back)
     shards[1].unlink()
     with pytest.raises(CheckpointError, match=f"missing.*{shards[1].name}"):
         load_drafter(tmp_path / "sharded")
@@ -1462,11 +1464,9 @@ def test_a_failed_export_or_pack_leaves_the_previous_one_whole(tmp_path, monkeyp
             export.export_target(tiny_target(seed=1), tmp_path / "t")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "t"]
     for model, back in ((old, load_drafter(tmp_path / "d")), (target, load_target(tmp_path / "t"))):
-        a, b = _bits(model), _bits(back)
-        assert all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
+        assert_same_bits(model, back)
     export.export_drafter(new, tmp_path / "d", num_target_layers=4)
-    a, b = _bits(new), _bits(load_drafter(tmp_path / "d"))
-    assert all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
+    assert_same_bits(new, load_drafter(tmp_path / "d"))
     assert (tmp_path / "d" / "README.md").read_text() == "notes"
     # pack: the previous parts stay until all the new ones are written
     pair, out = tmp_path / "pair", tmp_path / "out"
@@ -1583,10 +1583,7 @@ def test_export_of_a_tensor_parallel_target_is_the_unsharded_checkpoint(tmp_path
     assert hf["num_key_value_heads"] == 2 and hf["vocab_size"] == 321
     back = load_target(tmp_path)
     assert back.cfg == model.cfg
-    a, b = _bits(model), _bits(back)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].shape == b[k].shape and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+    assert_same_bits(model, back)
 
 
 def test_export_of_a_tensor_parallel_drafter_is_the_unsharded_checkpoint(tmp_path):
@@ -1599,9 +1596,7 @@ def test_export_of_a_tensor_parallel_drafter_is_the_unsharded_checkpoint(tmp_pat
     export_drafter(sharded, tmp_path, num_target_layers=4)
     back = load_drafter(tmp_path)
     assert back.cfg == model.cfg
-    a, b = _bits(model), _bits(back)
-    for k in a:
-        assert a[k].shape == b[k].shape and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+    assert_same_bits(model, back)
 
 
 def test_a_misspelt_flag_ends_with_one_line(monkeypatch, tmp_path, capsys):
