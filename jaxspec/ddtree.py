@@ -208,8 +208,11 @@ def vocab_top_k(x, k: int):
     the chunks at V = 248320 (0.48 against 1.57 ms for one row at k = 20, 6.9 against 40.7 for [15, V] at k = 64,
     bench/results/2026-12-05-cpu-s48-sampling/). "count": the k best chunks by their maximum, then the k best of
     their entries, the same way again while they are more than COUNT_ROW (_counted_vocab_top_k). Same result as a stable
-    top_k either way: among equal values, the lower index.
+    top_k either way (among equal values, the lower index) on rows without NaN or -0.0, the rows build_tree and
+    jaxspec.sampling rank; k may not pass the row's length (lax.top_k refuses that too).
     """
+    if not 0 <= k <= x.shape[-1]:
+        raise ValueError(f"vocab_top_k: k = {k} must be in [0, {x.shape[-1]}] (the row's length)")
     local = _counted_vocab_top_k if top_k_method(max(_count_plan(x.shape[-1], k))) == "count" else _chunked_top_k
     split = sharding.vocab_top_k(x, k, local)  # a tensor-parallel vocabulary: per shard, then across
     return local(x, k) if split is None else split

@@ -206,6 +206,8 @@ class Drafter(nnx.Module):
         """
         cfg = self.cfg
         bs = cfg.block_size if block_size is None else int(block_size)
+        if not 2 <= bs <= cfg.block_size:       # the cache keeps scratch rows for cfg.block_size; more are dropped
+            raise ValueError(f"draft: block_size {bs} must be in [2, {cfg.block_size}] (the drafter's block_size)")
         b = anchor.shape[0]
         tokens = jnp.concatenate([anchor.astype(jnp.int32)[:, None],
                                   jnp.full((b, bs - 1), cfg.mask_token_id, jnp.int32)], 1)

@@ -94,8 +94,10 @@ class DrafterConfig:
         if not self.target_layer_ids or min(self.target_layer_ids) < 0:
             raise ConfigError(f"target_layer_ids must be a non-empty list of non-negative layer ids, "
                               f"got {list(self.target_layer_ids)}")
-        if self.mask_token_id < 0:
-            raise ConfigError(f"mask_token_id must be non-negative, got {self.mask_token_id}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ConfigError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be at least 2 (anchor + one draft), got {self.block_size}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype {self.dtype!r} is not one of float32, bfloat16, float16")
 
@@ -219,6 +221,10 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
             raise ConfigError(f"{source}: missing field 'target_layer_ids' (looked in dflash_config and at the "
                               "top level; 'num_target_layers' to derive the default is missing too)")
         ids = _default_target_layer_ids(n_target, n_layers)
+        if min(ids) < 0:
+            raise ConfigError(f"{source}: no field 'target_layer_ids', and the default taps of {n_layers} draft "
+                              f"layers over num_target_layers = {n_target} are not layers ({ids}); give "
+                              "target_layer_ids")
     if not isinstance(ids, list) or not ids:
         raise ConfigError(f"{source}: field {where('target_layer_ids')!r} must be a non-empty list, got {ids!r}")
     ids = tuple(as_int(where("target_layer_ids"), i) for i in ids)
@@ -251,14 +257,17 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
         raise ConfigError(f"{source}: field {where('final_logit_softcapping')!r} = {v!r} is not supported "
                           "(no softcap)")
 
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype argument {dtype!r} is not one of float32, bfloat16, float16")
+    # Read before the try below: their errors name `source` already; the try prefixes only DrafterConfig's own.
+    sizes = dict(hidden_size=req("hidden_size"), intermediate_size=req("intermediate_size"),
+                 num_heads=req("num_attention_heads"), num_kv_heads=req("num_key_value_heads"),
+                 head_dim=as_int("head_dim", hf["head_dim"]), rms_norm_eps=as_float("rms_norm_eps",
+                                                                                     hf.get("rms_norm_eps", 1e-6)))
     try:
         return DrafterConfig(
             vocab_size=vocab,
-            hidden_size=req("hidden_size"),
-            intermediate_size=req("intermediate_size"),
-            num_heads=req("num_attention_heads"),
-            num_kv_heads=req("num_key_value_heads"),
-            head_dim=as_int("head_dim", hf["head_dim"]),
+            **sizes,
             layer_types=tuple(layer_types),
             rope_theta=theta,
             target_layer_ids=ids,
@@ -266,7 +275,6 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
             block_size=block,
             sliding_window=window,
             is_causal=is_causal,
-            rms_norm_eps=as_float("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
             dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
             num_target_layers=n_target,
         )
@@ -292,9 +300,6 @@ def check_pair(drafter: DrafterConfig, target: TargetConfig) -> None:
     if bad:
         raise ConfigError(f"drafter target_layer_ids {list(drafter.target_layer_ids)}: ids {bad} are not layers of "
                           f"the {target.num_layers}-layer target")
-    if not 0 <= drafter.mask_token_id < target.vocab_size:
-        raise ConfigError(f"drafter mask_token_id {drafter.mask_token_id} is outside the target vocabulary "
-                          f"[0, {target.vocab_size})")
     if drafter.num_target_layers is not None and drafter.num_target_layers != target.num_layers:
         raise ConfigError(f"drafter was trained for a {drafter.num_target_layers}-layer target; this target has "
                           f"{target.num_layers}")

@@ -442,8 +442,9 @@ class Qwen35(nnx.Module):
 
         tokens [B,N]; node i sits at RoPE position length + depth[i] and sees the committed prefix plus
         its ancestors-or-self. Returns (logits [B,N,V] or [B,V] at `logit_index` [B], taps
-        [B,N,len(taps),D] = outputs of those decoder layers, state with the tree's K/V written to
-        slots length..length+N-1, Pending for `commit`).
+        [B,N,len(taps),D] = outputs of those decoder layers as transformers' hidden_states[i + 1] gives them, which
+        z-lab's drafters read (the last layer's after the final norm: HF's last entry), state with the tree's K/V
+        written to slots length..length+N-1, Pending for `commit`).
         """
         start = state.length
         positions = start[:, None] + tree.depth
@@ -465,8 +466,8 @@ class Qwen35(nnx.Module):
                 x, h, r = add_norm(x, h, self.layers[i + 1].input_layernorm)
             else:
                 x = x + h
-            if i in taps:
-                tapped[i] = x
+            if i in taps:       # the last layer's as HF's last hidden_states entry, after the final norm
+                tapped[i] = x if i + 1 < len(self.layers) else self.norm(x)
         if logit_index is not None:
             x = jnp.take_along_axis(x, logit_index[:, None, None], 1)[:, 0]
         tap_out = jnp.stack([tapped[i] for i in taps], 2) if taps else None

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.tree_util.register_dataclass
@@ -53,7 +54,14 @@ def forest(batch: int, n: int) -> Tree:
 
 
 def from_parents(parent: jax.Array) -> Tree:
-    """Depths and the ancestor mask from parents [B, N] given in a topological order."""
+    """Depths and the ancestor mask from parents [B, N] given in a topological order: each node's parent is -1 (a
+    root) or an earlier node. Concrete parents that break this are refused (traced ones are not checked)."""
+    if not isinstance(parent, jax.core.Tracer):
+        p = np.asarray(parent)
+        bad = np.argwhere((p != -1) & ~((p >= 0) & (p < np.arange(p.shape[-1])))) if p.ndim == 2 else None
+        if bad is None or len(bad):
+            where = "" if bad is None else f": row {bad[0][0]}, node {bad[0][1]} has parent {p[tuple(bad[0])]}"
+            raise ValueError(f"from_parents: parents [B, N] must each be -1 or an earlier node{where}")
     parent = jnp.asarray(parent, jnp.int32)
     b, n = parent.shape
     eye = jnp.broadcast_to(jnp.eye(n, dtype=bool), (b, n, n))

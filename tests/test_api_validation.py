@@ -184,3 +184,57 @@ def test_requests_beyond_max_position_embeddings_are_refused(target, tiny_hf, tm
     (model_dir / "config.json").write_text(json.dumps(hf))
     with pytest.raises(ConfigError, match=r"config.json: max_position_embeddings must be >= 0 \(0: no limit\), got -3"):
         load_target_config(model_dir)
+
+
+def test_drafter_configs_and_blocks_out_of_range_are_refused(tiny_hf):
+    """A mask token outside the vocabulary drafted non-finite logits; block_size 1 failed later, naming a flag the
+    user never passed; a block longer than the drafter's lost the rows past its cache without a word."""
+    import jax.numpy as jnp
+    from jaxspec.drafter import init_cache
+    with pytest.raises(ConfigError, match=r"mask_token_id 512 is outside the vocabulary \[0, 512\)"):
+        drafter_config(mask_token_id=512)
+    with pytest.raises(ConfigError, match="block_size must be at least 2 .anchor \\+ one draft., got 1"):
+        drafter_config(block_size=1)
+    drafter = Drafter(drafter_config(), rngs=nnx.Rngs(0))                  # block_size 6
+    embed, head = jnp.ones((512, 64)), jnp.ones((64, 512))
+    cache, anchor = init_cache(drafter.cfg, 1, 16), jnp.array([3])
+    assert drafter.draft(cache, anchor, embed, head, 6)[0].shape == (1, 5, 512)
+    for bs in (7, 1, 0):
+        with pytest.raises(ValueError, match=rf"draft: block_size {bs} must be in \[2, 6\]"):
+            drafter.draft(cache, anchor, embed, head, bs)
+
+
+def test_drafter_config_json_errors_name_the_file_once():
+    hf = drafter_hf_config(drafter_config(), num_target_layers=4)
+    for key, value, words in (("rms_norm_eps", None, "field 'rms_norm_eps' must be a finite number"),
+                              ("head_dim", None, "field 'head_dim' must be an integer"),
+                              ("hidden_size", "64", "field 'hidden_size' must be an integer")):
+        with pytest.raises(ConfigError) as e:
+            drafter_config_from_hf({**hf, key: value}, source="d.json")
+        assert str(e.value).startswith(f"d.json: {words}"), str(e.value)
+    derived = {k: v for k, v in hf.items() if k != "dflash_config"} | {
+        "dflash_config": {k: v for k, v in hf["dflash_config"].items() if k != "target_layer_ids"},
+        "num_target_layers": 2}
+    with pytest.raises(ConfigError, match=r"d.json: no field 'target_layer_ids', and the default taps of 2 draft "
+                                          r"layers over num_target_layers = 2 are not layers \(\[1, -1\]\)"):
+        drafter_config_from_hf(derived, source="d.json")
+    with pytest.raises(ValueError, match="dtype argument 'bf16' is not one of float32, bfloat16, float16"):
+        drafter_config_from_hf(hf, dtype="bf16", source="d.json")
+
+
+def test_top_k_past_the_row_and_broken_trees_are_refused(monkeypatch):
+    import jax.numpy as jnp
+    from jaxspec import ddtree, tree
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5)), jnp.float32)
+    for method in ("sort", "count"):
+        monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", method)
+        assert ddtree.vocab_top_k(x, 5)[1].shape == (2, 5)
+        with pytest.raises(ValueError, match=r"vocab_top_k: k = 7 must be in \[0, 5\]"):
+            ddtree.vocab_top_k(x, 7)
+    assert tree.from_parents(np.array([[-1, 0, 0, 1]])).depth.tolist() == [[0, 1, 1, 2]]
+    for parent, where in (([[-1, 2, 0]], "row 0, node 1 has parent 2"), ([[-1, 5, 0]], "row 0, node 1 has parent 5"),
+                          ([[0, 0, 1]], "row 0, node 0 has parent 0"),
+                          ([[-1, 0], [-1, -3]], "row 1, node 1 has parent -3")):
+        with pytest.raises(ValueError, match=f"from_parents: parents .B, N. must each be -1 or an earlier node: "
+                                             f"{where}$"):
+            tree.from_parents(np.array(parent))

@@ -487,9 +487,9 @@ def test_check_pair_errors():
     with pytest.raises(ConfigError, match=r"hidden_size 4096 != target hidden_size 5120"):
         check_pair(drafter.replace(hidden_size=4096), target)
     with pytest.raises(ConfigError, match=r"vocab_size 151936 != target vocab_size 248320"):
-        check_pair(drafter.replace(vocab_size=151936), target)
+        check_pair(drafter.replace(vocab_size=151936, mask_token_id=151935), target)
     with pytest.raises(ConfigError, match=r"ids \[46, 61\] are not layers of the 40-layer target"):
         check_pair(drafter, target.replace(layer_types=target.layer_types[:40]))
-    with pytest.raises(ConfigError, match=r"mask_token_id 248320 is outside the target vocabulary"):
-        check_pair(drafter.replace(mask_token_id=248320), target)
+    with pytest.raises(ConfigError, match=r"mask_token_id 248320 is outside the vocabulary \[0, 248320\)"):
+        drafter.replace(mask_token_id=248320)             # the drafter's own vocabulary, which check_pair equates
     assert isinstance(drafter, DrafterConfig)

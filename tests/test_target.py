@@ -52,8 +52,9 @@ def test_prefill_logits_and_taps(tmp_path, name):
     model = load_target(tmp_path, dtype="float32")
     ids = np.random.RandomState(0).randint(0, 512, (2, 150))
     ref, hidden = _forward_hf(hf, ids)
-    # HF's last hidden_states entry is taken after the final norm, so compare every layer but the last.
-    taps = tuple(range(model.cfg.num_layers - 1))
+    # Every layer, the last one included: HF's last hidden_states entry is taken after the final norm, and so is
+    # the model's last tap (z-lab's drafters read hidden_states[i + 1]).
+    taps = tuple(range(model.cfg.num_layers))
     fwd, _ = jitted(model)
     logits, tap, _, _ = fwd(jnp.asarray(ids), init_state(model.cfg, 2, 160), trees.chain(2, 150), taps=taps)
     assert _rel(logits, ref) < 1e-5
