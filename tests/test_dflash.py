@@ -104,4 +104,4 @@ def test_bad_pairs_and_block_sizes(pair):
     with pytest.raises(ConfigError, match=r"ids \[4\] are not layers of"):
         DFlash(wide, target.cfg)
     with pytest.raises(ConfigError, match=r"mask_token_id 512 is outside the vocabulary \[0, 512\)"):
-        drafter_config(mask_token_id=512)          # the drafter's own vocabulary, which DFlash equates with the target's
+        drafter_config(mask_token_id=512)   # the drafter's own vocabulary (DFlash equates it with the target's)
