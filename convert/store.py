@@ -181,11 +181,10 @@ def _not_described(config_path: Path, cfg, model) -> str:
     tensor-parallel layout of jaxspec/sharding.py (loaded with mesh=: kv heads repeated, vocabulary padded), that
     the unsharded model is what is saved."""
     from jaxspec import sharding as S
-    from jaxspec.export import model_tp_degree
     diff = "; ".join(f"{f.name} {getattr(cfg, f.name)!r} ({config_path.name}) vs {getattr(model.cfg, f.name)!r} "
                      "(model)" for f in dataclasses.fields(cfg)
                      if f.compare and getattr(cfg, f.name) != getattr(model.cfg, f.name))
-    tp = model_tp_degree(model)
+    tp = S.model_tp_degree(model)
     if tp > 1 and S.tp_config(cfg, tp) == model.cfg:
         return (f"{config_path}: does not describe this model, which is in a {tp}-way tensor-parallel layout "
                 f"({diff}): save the unsharded model (loaded without mesh=)")

@@ -44,6 +44,8 @@ def default_draft_dtype(backend: str, target_dtype: str) -> str:
 class DFlash(Speculator):
     """DFlash (budget None) or DDTree (budget B: a tree of B + 1 nodes, depth <= block_size - 1)."""
 
+    layout = ("DFlash drafter", "drafter", "shard_drafter")
+
     def __init__(self, drafter: Drafter, target: TargetConfig, block_size: int | None = None,
                  budget: int | None = None):
         cfg = drafter.cfg

@@ -96,6 +96,9 @@ class Speculator:
     taps: tuple[int, ...] = ()   # target layers whose outputs the drafter reads
     tree_size = 1                # nodes per verified tree (static)
     params: Any = ()
+    # (what, argument, jaxspec.sharding function) that lays `params` out on a mesh, for the engine's error when
+    # they are not (`check_laid_out`); None for a speculator without params.
+    layout: tuple[str, str, str] | None = None
 
     def init(self, batch: int, max_len: int):
         return ()
@@ -278,13 +281,11 @@ class Engine:
         if bad:
             raise ConfigError(f"the {self.spec.name} speculator was built for another target than this model "
                               f"({'; '.join(bad)})")
-        # The drafter (DFlash, DDTree) or MTP head laid out on the mesh too: unsharded, it fails in the first generate
-        # (on one device: incompatible devices; with kv heads fewer than the degree: an IndivisibleError), or, left
-        # uncommitted, its whole weights are resharded from one device on every call. AR has no params.
-        fixes = {"dflash": ("DFlash drafter", "drafter", "shard_drafter"),
-                 "ddtree": ("DFlash drafter", "drafter", "shard_drafter"), "mtp": ("MTP head", "head", "shard_mtp")}
-        if mesh is not None and self.spec.name in fixes and isinstance(self.spec.params, nnx.State):
-            what, arg, fix = fixes[self.spec.name]
+        # The speculator's params laid out on the mesh too: unsharded, they fail in the first generate (on one
+        # device: incompatible devices; with kv heads fewer than the degree: an IndivisibleError), or, left
+        # uncommitted, are resharded from one device on every call.
+        if mesh is not None and self.spec.layout is not None:
+            what, arg, fix = self.spec.layout
             check_laid_out(self.spec.params, mesh, what, fix, arg=arg, load=False)
         self.graphdef, target_params = nnx.split(model)
         self.params = (target_params, self.spec.params)

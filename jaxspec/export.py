@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-import jax
 import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
@@ -95,16 +94,6 @@ def _flat(model) -> dict[tuple, np.ndarray]:
     return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
 
 
-def model_tp_degree(model) -> int:
-    """The tensor-parallel degree of the mesh that `model`'s params are placed on (jaxspec/sharding.py); 1 off one."""
-    from jaxspec import sharding as S
-    for _, v in nnx.to_flat_state(nnx.state(model)):
-        s = getattr(v.get_value(), "sharding", None)
-        if isinstance(s, jax.sharding.NamedSharding) and S.MODEL in s.mesh.axis_names:
-            return s.mesh.shape[S.MODEL]
-    return 1
-
-
 def unsharded(model) -> tuple:
     """(config, {param path: host array}) of `model` (target or drafter) in the unsharded layout: for a model in
     the tp-way layout of jaxspec/sharding.py (config `tp_config(cfg, tp)`), sharding's own `tp_index` undone, so
@@ -116,38 +105,17 @@ def unsharded(model) -> tuple:
     mesh but not in that layout, or whose copies differ (trained apart), are written as they are: `cfg` describes
     them (less any padded vocabulary rows, which `_untransform` drops)."""
     from jaxspec import sharding as S
-    cfg, flat, tp = model.cfg, _flat(model), model_tp_degree(model)
+    cfg, flat, tp = model.cfg, _flat(model), S.model_tp_degree(model)
     base = cfg.replace(padded_vocab=0) if getattr(cfg, "padded_vocab", 0) else cfg
     if tp == 1:
         return base, flat
     fewer = [k for k in range(1, tp) if tp % k == 0 and cfg.num_heads % k == 0] if cfg.num_kv_heads == tp else []
     for src in [base.replace(num_kv_heads=k) for k in fewer] + [base]:
         if S.tp_config(src, tp) == cfg:
-            values = _from_tp_layout(src, tp, flat)
+            values = S.from_tp_layout(src, tp, flat)
             if values is not None:
                 return src, values
     return base, flat
-
-
-def _from_tp_layout(src, tp: int, flat: dict) -> dict | None:
-    """`flat` (tp layout of the config `src`) in `src`'s own layout; None where a position that `tp_index` says
-    is a copy of another is not identical to it."""
-    from jaxspec import sharding as S
-    out = dict(flat)
-    for path, x in flat.items():
-        m = S.tp_index(path, src, tp)
-        if m is None:
-            continue
-        axis, idx = m
-        pos = np.flatnonzero(idx >= 0)
-        _, first = np.unique(idx[pos], return_index=True)     # where each source index first appears
-        out[path] = np.take(x, pos[first], axis=axis)
-        if len(first) < len(pos):                               # copies: each must be what it copies
-            back = np.ascontiguousarray(np.take(out[path], idx[pos], axis=axis))
-            held = np.ascontiguousarray(np.take(x, pos, axis=axis))
-            if not np.array_equal(back.view(np.uint8), held.view(np.uint8)):
-                return None
-    return out
 
 
 def target_hf_config(cfg: TargetConfig) -> dict:
@@ -295,4 +263,4 @@ def export_drafter(drafter, out_dir: str | Path, *, num_target_layers: int, max_
 
 
 __all__ = ["export_target", "export_drafter", "save_shards", "staged_dir", "target_hf_config", "drafter_hf_config",
-           "target_tensors", "unsharded", "check_export_dir", "model_tp_degree", "FULL"]
+           "target_tensors", "unsharded", "check_export_dir", "FULL"]

@@ -127,6 +127,7 @@ class MTP(Speculator):
     q passed on for rejection sampling."""
 
     name = "mtp"
+    layout = ("MTP head", "head", "shard_mtp")
 
     def __init__(self, head: MTPHead, target: TargetConfig, tokens: int):
         tokens = int_arg(tokens, "--mtp-tokens", ConfigError)

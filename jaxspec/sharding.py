@@ -220,6 +220,26 @@ def take_index(x, axis: int, idx: np.ndarray):
     return out
 
 
+def from_tp_layout(src, tp: int, flat: dict) -> dict | None:
+    """`flat` ({param path: host array} in the tp layout of the config `src`) in `src`'s own layout, the inverse of
+    `tp_index`; None where a position that `tp_index` says is a copy of another is not identical to it."""
+    out = dict(flat)
+    for path, x in flat.items():
+        m = tp_index(path, src, tp)
+        if m is None:
+            continue
+        axis, idx = m
+        pos = np.flatnonzero(idx >= 0)
+        _, first = np.unique(idx[pos], return_index=True)     # where each source index first appears
+        out[path] = np.take(x, pos[first], axis=axis)
+        if len(first) < len(pos):                               # copies: each must be what it copies
+            back = np.ascontiguousarray(np.take(out[path], idx[pos], axis=axis))
+            held = np.ascontiguousarray(np.take(x, pos, axis=axis))
+            if not np.array_equal(back.view(np.uint8), held.view(np.uint8)):
+                return None
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ modules
 
 
@@ -282,6 +302,17 @@ def shard_mtp(head, mesh: Mesh):
     from jaxspec.mtp import MTPHead
     check_target(head.cfg, tp_degree(mesh))
     return shard_module(head, mesh, lambda c: MTPHead(c, rngs=nnx.Rngs(0)))
+
+
+def model_tp_degree(model) -> int:
+    """The tensor-parallel degree of the mesh that `model`'s params are placed on; 1 off a mesh."""
+    from flax import nnx
+
+    for _, v in nnx.to_flat_state(nnx.state(model)):
+        s = getattr(v.get_value(), "sharding", None)
+        if isinstance(s, NamedSharding) and MODEL in s.mesh.axis_names:
+            return s.mesh.shape[MODEL]
+    return 1
 
 
 def _where(sharding) -> str:
