@@ -20,8 +20,8 @@ Five parts, each in its own process so that each starts with the whole GPU (the 
    time per GDN layer and its bytes (state, inputs, outputs) per second against a copy (delta_rule.json).
 
 Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
-context), the ratio to the roofline (weight bytes / 4.30 TB/s; 11.9 ms at the real shape, DESIGN.md section
-5) and the tokens/s the rounds imply at --tau (default 9.18: z-lab's HumanEval acceptance length for
+context), the ratio to the roofline (weight bytes / 4.30 TB/s, the H200's measured device-to-device copy rate; 11.9 ms at
+the real shape: 51.25 GB of weights) and the tokens/s the rounds imply at --tau (default 9.18: z-lab's HumanEval acceptance length for
 Qwen3.5-27B + DFlash). Only parts that succeed in this run give rows: a part that fails or runs out of
 --deadline-s leaves its rows "not measured" (its JSON from an earlier run in DIR is deleted before the parts start)
 and the command exits 1; the parts already done stay in DIR. In an existing DIR only the table's own files are

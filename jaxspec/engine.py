@@ -211,8 +211,8 @@ def check_prompts(prompts, vocab_size: int) -> list[np.ndarray]:
 
 def default_max_len(need: int) -> int:
     """The cache length for a call that needs `need` slots: rounded up to one of 8 lengths per power of two (at
-    least a multiple of 16), so calls of nearby lengths share one compile of the prefill and round loop, and at
-    most 1/8 more slots are allocated (the jnp attention reads every slot)."""
+    least a multiple of 16), so calls of nearby lengths share one compile of the prefill and round loop; from 128
+    slots up at most 1/8 more are allocated (the jnp attention reads every slot)."""
     need = int(need)
     step = 1 << max(4, need.bit_length() - 4)
     return -(-need // step) * step

@@ -121,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--max-len", type=int, default=None,
                    help="context length to allocate, >= prompt + max-new-tokens + tree size (default: that sum, "
-                        "rounded up to at most 1/8 more)")
+                        "rounded up to a multiple of 16, and at most 1/8 more from 128 slots up)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0,
                    help="with --temperature > 0: keep the k most likely tokens (default: 0 = off)")
@@ -303,7 +303,9 @@ def _main(argv) -> int:
                 # the checkpoint's own (unsharded) shapes; the head is then laid out like the target
                 head = load_mtp(args.model, load_target_config(args.model, dtype=str(model.cfg.dtype)))
             except CheckpointError as e:
-                parser().error(f"--method mtp needs the checkpoint's MTP head: --model {args.model}: {e}")
+                where = f"the demo pair's target ({args.model}) has none; pass --model DIR" if demo else \
+                    f"--model {args.model}"
+                parser().error(f"--method mtp needs the checkpoint's MTP head: {where}: {e}")
         if mesh is not None:
             head = sharding.shard_mtp(head, mesh)
         speculator = MTP(head, model.cfg, args.mtp_tokens)

@@ -1,4 +1,5 @@
-"""Training: DFlash drafters for a frozen target (reference/dflash.md section 4), and the small demo pair.
+"""Training: DFlash drafters for a frozen target (the DFlash recipe, docs/history.md "Training a drafter"), and the
+small demo pair.
 
     python -m jaxspec.train pair --out DIR [--time-budget-s 480] [--tiny] [--no-eval]
         corpus (the Python standard library's own .py source, some files held out) -> byte-level BPE
@@ -9,8 +10,8 @@
     python -m jaxspec.train drafter --target DIR --text PATH... --out DIR [--data corpus|greedy] [--init DRAFTER]
         a DFlash drafter for an existing target (new, or continuing from --init): by default on the target
         teacher-forced over windows of the given text files, or on its greedy continuations of prompts cut
-        from them; either way the target's features are computed once and cached, labels its own greedy
-        predictions.
+        from them; the target's features computed once and cached (--features cache, the default) or live,
+        labels its own greedy predictions.
     python -m jaxspec.train eval --target DIR --draft DIR --text PATH... --out FILE.json
         tau of DFlash and DDTree (budgets 16, 32, 64), token identity to AR and tokens/s on held-out prompts.
 

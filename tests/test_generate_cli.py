@@ -192,6 +192,19 @@ def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
+def test_mtp_on_the_demo_pair_says_to_pass_a_model(dirs, tmp_path, monkeypatch, capsys):
+    # The demo's target has no MTP head: the error must not name a --model the user never gave as if it were theirs.
+    target, draft = dirs
+    demo = tmp_path / "demo"
+    with_small_tokenizer(target, demo / "target")
+    (demo / "drafter").symlink_to(draft)
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(demo))
+    with pytest.raises(SystemExit) as e:
+        main(["--method", "mtp", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "the demo pair's target" in err and "pass --model DIR" in err, err
+
+
 def test_a_misspelt_flag_ends_with_one_line(monkeypatch, capsys):
     monkeypatch.setenv("JAXSPEC_VERIFYY", "xla")
     with pytest.raises(SystemExit) as e:
