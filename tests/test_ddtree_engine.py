@@ -52,10 +52,26 @@ def test_real_drafter_trees_equal_ar(which, budget, request):
         assert out.tau > 1.1, (budget, out.tau)      # 1.38 at B = 7, 1.76 at 30 on this CPU
 
 
-def test_trees_selected_by_counting_equal_ar(pair, monkeypatch):
-    """The sort-free tree build (JAXSPEC_DDTREE_TOP_K=count, read when the round is traced) in the engine:
-    the same tokens as AR."""
-    target, drafter = pair
+class RecordedDFlash(DFlash):
+    """DFlash whose every proposed tree (tokens, parents) is handed to the host, in round order."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.trees = []
+
+    def propose(self, params, model, cache, pending, key, sampling):
+        prop, cache = super().propose(params, model, cache, pending, key, sampling)
+        jax.debug.callback(lambda t, p: self.trees.append((np.asarray(t), np.asarray(p))),
+                           prop.tokens, prop.tree.parent, ordered=True)
+        return prop, cache
+
+
+def test_trees_selected_by_counting_equal_ar(accepting_pair, monkeypatch):
+    """The sort-free tree build (JAXSPEC_DDTREE_TOP_K=count, read when the round is traced) in the engine, with
+    `accepting_pair` (drafted tokens accepted; 510 of its 512 logits tie at 0, so the stable tie order counts):
+    the same trees node for node as lax.top_k's build, so the same acceptance histogram, and the same tokens
+    as AR."""
+    target, drafter = accepting_pair
     rs = np.random.RandomState(5)
     prompts = [rs.randint(0, 512, size=n).tolist() for n in (9, 31)]
     ar = Engine(target).generate(prompts, 25).tokens
@@ -63,15 +79,28 @@ def test_trees_selected_by_counting_equal_ar(pair, monkeypatch):
     counted = []
     rank = ddtree.count_ranks
     monkeypatch.setattr(ddtree, "count_ranks", lambda x: counted.append(x.shape) or rank(x))
-    monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
-    jax.clear_caches()
-    try:
-        out = Engine(target, DFlash(drafter, target.cfg, budget=30)).generate(prompts, 25, rounds_per_call=4)
-    finally:
-        monkeypatch.delenv("JAXSPEC_DDTREE_TOP_K")
+    runs = {}
+    for method in ("sort", "count"):
+        monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", method)
         jax.clear_caches()
-    assert out.tokens == ar
+        try:
+            spec = RecordedDFlash(drafter, target.cfg, budget=30)
+            out = Engine(target, spec).generate(prompts, 25, rounds_per_call=4)
+        finally:
+            monkeypatch.delenv("JAXSPEC_DDTREE_TOP_K")
+            jax.clear_caches()
+        assert out.tokens == ar, method
+        runs[method] = out, spec.trees
+        if method == "sort":
+            assert not counted, counted
     assert len(counted) >= 3, counted          # the vocabulary, the beams and the final pick were counted
+    (by_sort, sort_trees), (by_count, count_trees) = runs["sort"], runs["count"]
+    np.testing.assert_array_equal(by_count.hist, by_sort.hist)
+    assert by_sort.tau > 1.5, by_sort.tau      # 2.00 on this CPU: the trees' drafts are accepted
+    assert len(count_trees) == len(sort_trees) > 0
+    for i, ((t_s, p_s), (t_c, p_c)) in enumerate(zip(sort_trees, count_trees)):
+        np.testing.assert_array_equal(t_c, t_s, err_msg=f"round {i}: tokens")
+        np.testing.assert_array_equal(p_c, p_s, err_msg=f"round {i}: parents")
 
 
 def test_budget_beyond_possible_nodes_and_vocab_below_budget(small_vocab):

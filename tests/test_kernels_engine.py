@@ -83,3 +83,29 @@ def test_interpreted_kernels_keep_the_engine_lossless(baseline, monkeypatch):
 @on_gpu
 def test_gpu_kernels_keep_the_engine_lossless(baseline, monkeypatch):
     _check(baseline, monkeypatch, "pallas_triton")
+
+
+def test_interpreted_kernels_keep_speculative_rounds_lossless(tiny_hf, monkeypatch):
+    """The fast check of the slow test above: one prompt, greedy AR, a DFlash-shaped oracle chain and an oracle
+    DDTree tree (accepted drafts, sibling branches) through every kernel in interpret mode, token-identical to
+    greedy AR with every op on its jnp reference."""
+    target = load_target(tiny_hf[0], dtype="float32")
+    prompts, n_new = [np.random.RandomState(8).randint(0, 512, size=11).tolist()], 12
+    for flag in FLAGS:
+        monkeypatch.setenv(flag, "reference")
+    ar = Engine(target).generate(prompts, n_new).tokens
+    for flag in FLAGS:
+        monkeypatch.setenv(flag, "pallas_interpret")      # read when the engine's round is traced
+    traced = _count_traces(monkeypatch)
+    assert Engine(target).generate(prompts, n_new).tokens == ar            # AR's step: the fused GDN decode
+    block = 4
+    out = Engine(target, OracleChain(block, 512, ref=reference(prompts, ar, block))).generate(prompts, n_new, seed=1)
+    assert out.tokens == ar
+    assert out.hist[2:].sum() > 0, out.hist                 # drafted tokens were accepted
+    depth, budget = 3, 6
+    tree = Engine(target, OracleTree(depth, budget, 512, reference(prompts, ar, depth + 1)))
+    out = tree.generate(prompts, n_new, seed=2)
+    assert out.tokens == ar
+    assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
+    assert set(traced) == {"tree_attention", "tree_delta_rule", "gumbel_partial", "gdn_decode",
+                           "gdn_tree_inputs", "add_rms_norm", "matmul"}, traced

@@ -399,8 +399,18 @@ def test_cli_model_without_mtp_weights(tiny_hf, capsys):
 
 
 def test_cli_mtp_prints_the_ar_text(capsys, monkeypatch, tmp_path):
-    # Without the demo pair (it has no MTP head) the default tiny random model gets a random head:
-    # greedy MTP must print exactly the AR text.
+    # Without the demo pair (it has no MTP head) the default tiny random model gets a random head: greedy MTP
+    # must print exactly the AR text. Its lm_head here keeps 1 of its 248320 columns (every other logit 0), so
+    # target and head, which shares it, choose between 2 tokens and the head's drafts are accepted (over the
+    # whole vocabulary they almost never are, and then any drafts give AR's text).
+    import jaxspec.model
+
+    class Sharpened(jaxspec.model.Qwen35):
+        def __init__(self, cfg, *, rngs):
+            super().__init__(cfg, rngs=rngs)
+            self.lm_head.kernel.set_value(self.lm_head.kernel[...].at[:, 1:].set(0.0))
+
+    monkeypatch.setattr(jaxspec.model, "Qwen35", Sharpened)
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
     args = ["--max-new-tokens", "10", "--ignore-eos", "--prompt", "def f(x):"]
     assert main(args) == 0
@@ -408,15 +418,36 @@ def test_cli_mtp_prints_the_ar_text(capsys, monkeypatch, tmp_path):
     assert main(args + ["--method", "mtp", "--mtp-tokens", "2"]) == 0
     mtp = capsys.readouterr()
     assert mtp.out == ar.out and "method mtp" in mtp.err and "acceptance histogram" in mtp.err
+    hist = mtp.err.split("[acceptance histogram (tokens per round: rounds): ", 1)[1].split("]", 1)[0]
+    tau = float(mtp.err.split(" tokens/round", 1)[0].rsplit("tau ", 1)[1])
+    assert tau > 1.5 and ("2:" in hist or "3:" in hist), mtp.err      # 1.80 on this CPU
 
 
-def test_cli_mtp_tensor_parallel(causal, capsys):
-    """--method mtp with --tp 2 --dp 1 loads the checkpoint's head, lays it out like the target and
-    prints the same text as on one device."""
+def test_cli_mtp_tensor_parallel(causal, monkeypatch, capsys):
+    """--method mtp with --tp 2 --dp 1 loads the checkpoint's head, lays it out like the target and drafts
+    exactly what it drafts on one device, round by round: the same drafted tokens (the random head's drafts
+    over the 512-token vocabulary, almost never accepted, so each round's drafts are the head's own argmaxes
+    and a wrongly laid-out head changes them), the same acceptance histogram and the same text."""
+    drafts = []
+    propose = MTP.propose
+
+    def recording(self, *a, **kw):
+        prop, cache = propose(self, *a, **kw)
+        jax.debug.callback(lambda n, t: drafts[-1].append((int(n[0]), np.asarray(t).tolist())),
+                           cache.length, prop.tokens)
+        return prop, cache
+
+    monkeypatch.setattr(MTP, "propose", recording)
     args = ["--model", str(causal[0]), "--max-new-tokens", "10", "--ignore-eos", "--prompt", "x",
             "--method", "mtp", "--mtp-tokens", "2"]
-    assert main(args) == 0
-    one = capsys.readouterr()
-    assert main(args + ["--tp", "2"]) == 0
-    two = capsys.readouterr()
+    runs = []
+    for tp in ([], ["--tp", "2"]):
+        drafts.append([])
+        assert main(args + tp) == 0
+        runs.append(capsys.readouterr())
+    one, two = runs
     assert two.out == one.out and "method mtp" in two.err
+    hist = lambda err: err.split("[acceptance histogram", 1)[1].split("]", 1)[0]
+    assert hist(two.err) == hist(one.err), (one.err, two.err)
+    assert len(drafts[0]) >= 5, drafts        # one entry per round (9 rounds on this CPU)
+    assert sorted(drafts[1]) == sorted(drafts[0])
