@@ -1,4 +1,7 @@
 #!/bin/bash
+# Settled in session 54 (bench/results/2026-12-05-h200-s54/force-split-k/), ORDER="default 1 default 1": S = 1 is
+# 0.22 ms shorter in DDTree(63) (means 20.40 -> 20.17), 0.05 longer in DFlash (17.36 -> 17.41) and 0.80 longer in
+# the AR step (13.33 -> 14.13). Not set; record only.
 # Ran in session 53 (bench/results/2026-12-05-h200-s53/force-split-k/), one run each: DFlash 17.52 / 17.61 / 17.92 /
 # 18.34 ms, DDTree(63) 20.64 / 20.41 / 21.13 / 22.06 (default / S = 1 / 2 / 4). Not set: S = 1 was 0.23 ms shorter in
 # DDTree(63) but 0.09 longer in DFlash, both inside one run's spread (0.47 ms in session 52). To settle S = 1:
