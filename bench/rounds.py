@@ -292,7 +292,7 @@ def main(argv=None):
             return st[1]
 
         def one_call():
-            d[0] = loop_c(eng.params, d[0])
+            d[0] = loop_c(eng.params, d[0], H.ENDLESS, args.rounds)
             return d[0]
 
         forms = (("ar_step", one_step, args.rounds, args.rounds, step_c),
@@ -332,12 +332,12 @@ def main(argv=None):
                                   "traced one by one; set JAXSPEC_LOOP_GRAPHS=none"}
         d = [H.decoding_at(eng, H.random_state(cfg, 1, max_len, ctx), random_cache(dcfg, 1, max_len, ctx))]
         # A jit of its own: eng._run's trace is cached from the timed calls, made without the names.
-        run = jax.jit(lambda p, d, m, r: eng._run_rounds(p, d, m, r), static_argnums=(2, 3), donate_argnums=(1,))
+        run = jax.jit(lambda p, d, m, r: eng._run_rounds(p, d, m, r), donate_argnums=(1,))
         with H.named_stages(eng.spec), H.named_parts():
             loop_c = run.lower(eng.params, d[0], H.ENDLESS, args.rounds).compile()
 
         def one_call():
-            d[0] = loop_c(eng.params, d[0])
+            d[0] = loop_c(eng.params, d[0], H.ENDLESS, args.rounds)
             return d[0]
 
         jax.block_until_ready(one_call())

@@ -299,8 +299,11 @@ class Engine:
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1,)))
-        self._run = self._in_mesh(jax.jit(self._run_rounds, static_argnums=(2, 3), donate_argnums=(1,),
+        # max_new and max_rounds are traced: another --max-new-tokens or rounds per call reuses the loop's compile
+        self._run = self._in_mesh(jax.jit(self._run_rounds, donate_argnums=(1,),
                                           compiler_options=loop_compiler_options(self.spec) or None))
+        # the first token's choice, compiled once (eager, top-p traced its threshold search on every call)
+        self._choose = self._in_mesh(jax.jit(lambda key, logits: choose(key, logits, self.sampling)))
         self._makers = {}     # (batch, max_len) -> jitted makers of empty target and drafter states
 
     def _in_mesh(self, fn):
@@ -336,7 +339,7 @@ class Engine:
         new, draft = constrain_state(self.mesh, (new, draft))
         return logits, new, draft
 
-    def _round(self, params, d: Decoding, max_new: int) -> Decoding:
+    def _round(self, params, d: Decoding, max_new) -> Decoding:
         model = self._model(params)
         key, k_draft, k_accept = jax.random.split(d.key, 3)
         prop, draft = self.spec.propose(params[1], model, d.draft, d.pending, k_draft, self.sampling)
@@ -370,7 +373,8 @@ class Engine:
         return Decoding(state, draft, jnp.where(d.done, d.pending, bonus), out, n_out, done, key, hist,
                         d.rounds + ~d.done)
 
-    def _run_rounds(self, params, d: Decoding, max_new: int, max_rounds: int) -> Decoding:
+    def _run_rounds(self, params, d: Decoding, max_new, max_rounds) -> Decoding:
+        """Up to `max_rounds` rounds (int32 scalars or Python ints, traced) until every sequence is done."""
         def cond(c):
             i, d = c
             return (i < max_rounds) & ~d.done.all()
@@ -398,9 +402,13 @@ class Engine:
         lens = np.array([len(p) for p in prompts], np.int32)
         if lens.max() >= max_len:
             raise ValueError(f"prompt of {lens.max()} tokens does not fit the context of {max_len} tokens")
-        p = min(self.prefill_chunk, max(16, 1 << int(lens.max() - 1).bit_length()))
-        total = -(-int(lens.max()) // p) * p
-        toks = np.zeros((b, total), np.int32)
+        # Pieces of p tokens; the last one only as long as the prompt's tail needs (16, 32, ... p: the
+        # lengths shorter prompts compile anyway), not a whole piece of padding.
+        longest = int(lens.max())
+        piece = lambda rest: min(self.prefill_chunk, max(16, 1 << (rest - 1).bit_length()))
+        starts = list(range(0, longest, piece(longest)))
+        sizes = [piece(longest - c) for c in starts]
+        toks = np.zeros((b, starts[-1] + sizes[-1]), np.int32)
         for i, pr in enumerate(prompts):
             toks[i, :len(pr)] = pr
         if b % dp_degree(self.mesh):
@@ -408,7 +416,7 @@ class Engine:
                              f"{dp_degree(self.mesh)}")
         state, draft = self._fresh_states(b, max_len)
         last = None
-        for c in range(0, total, p):
+        for c, p in zip(starts, sizes):
             n = np.clip(lens - c, 0, p).astype(np.int32)
             logits, state, draft = self._prefill(self.params, state, draft, jnp.asarray(toks[:, c:c + p]),
                                                  jnp.asarray(n))
@@ -416,7 +424,7 @@ class Engine:
             last = logits if last is None else jnp.where(has_last, logits, last)
         key = jax.random.key(seed)
         key, k0 = jax.random.split(key)
-        first = choose(k0, last, self.sampling)
+        first = self._choose(k0, last)
         return first, state, draft, key
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, max_len: int | None = None,
@@ -446,7 +454,8 @@ class Engine:
         t0 = time.perf_counter()
         first, state, draft, key = self.prefill(prompts, max_len, seed)
         b = len(prompts)
-        out = jnp.zeros((b, max_new_tokens + self.spec.tree_size), jnp.int32).at[:, 0].set(first)
+        # max_len columns (>= max_new_tokens + the tree): the loop's shapes depend on the cache's bucket alone
+        out = jnp.zeros((b, max_len), jnp.int32).at[:, 0].set(first)
         first_stop = (first[:, None] == self.stop).any(1)
         d = Decoding(state, draft, first, out, jnp.ones((b,), jnp.int32), first_stop | (max_new_tokens <= 1), key,
                      jnp.zeros((b, self.spec.tree_size + 1), jnp.int32), jnp.zeros((b,), jnp.int32))
@@ -456,7 +465,7 @@ class Engine:
         if on_tokens:
             on_tokens([[int(t)] for t in np.asarray(first)])
         while not bool(d.done.all()):
-            d = self._run(self.params, d, max_new_tokens, rounds_per_call)
+            d = self._run(self.params, d, np.int32(max_new_tokens), np.int32(min(rounds_per_call, 1 << 30)))
             if on_tokens:
                 n_out, out = np.asarray(d.n_out), np.asarray(d.out)
                 on_tokens([out[i, shown[i]:n_out[i]].tolist() for i in range(b)])

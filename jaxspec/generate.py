@@ -149,7 +149,25 @@ def parser() -> argparse.ArgumentParser:
                    "many sequences, one per data shard (default: %(default)s)")
     p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first "
                    "(multi-host: run the same command on every host; see README)")
+    p.add_argument("--compile-cache", default=None, metavar="DIR|off",
+                   help="keep compiled programs between runs (JAX's persistent compilation cache): a later run "
+                        "with the same model, method and shapes skips most compiling. Default: "
+                        "$JAX_COMPILATION_CACHE_DIR where set, else $XDG_CACHE_HOME/jaxspec/xla "
+                        "(~/.cache/jaxspec/xla); off: none")
     return p
+
+
+def compile_cache_dir(flag: str | None, env) -> str | None:
+    """The directory `--compile-cache` asks for; None to leave JAX's setting alone (off, or
+    $JAX_COMPILATION_CACHE_DIR, which JAX reads itself)."""
+    if flag == "off":
+        return None
+    if flag:
+        return flag
+    if "JAX_COMPILATION_CACHE_DIR" in env:
+        return None
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "jaxspec", "xla")
 
 
 def main(argv=None) -> int:
@@ -216,6 +234,8 @@ def _main(argv) -> int:
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
 
+    if cache := compile_cache_dir(args.compile_cache, os.environ):
+        jax.config.update("jax_compilation_cache_dir", cache)
     if args.distributed:
         try:
             kw = distributed_args(os.environ)

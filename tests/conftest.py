@@ -27,6 +27,9 @@ if _cache != "off":
     jax.config.update("jax_compilation_cache_dir", _cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+# `python -m jaxspec.generate` (in process and in the CLI tests' subprocesses) keeps to the tests' cache, or to
+# none, rather than its default under ~/.cache (an empty value: no cache).
+os.environ["JAX_COMPILATION_CACHE_DIR"] = "" if _cache == "off" else _cache
 # 8 simulated CPU devices for the tensor/data-parallel tests (tests/test_sharding.py); everything else
 # runs on the first one, as with a single device. Must precede the backend's initialisation.
 jax.config.update("jax_num_cpu_devices", 8)

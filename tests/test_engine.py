@@ -170,6 +170,47 @@ def test_default_max_len_shares_one_compile(tiny, monkeypatch):
     engine.generate([longer], 6, max_len=160)                        # another cache length: a new trace
     assert len(traces) == 2
     assert second.tokens == Engine(model).generate([longer], 6, max_len=80 + 6 + 1).tokens
+    # Other max_new_tokens and rounds per call in the same cache bucket: the same compiled loop (they are traced)
+    traced = len(traces)                                             # the fresh Engine above traced its own
+    third = engine.generate([longer[:70]], 12, rounds_per_call=3)    # needs 83: the 96 bucket again
+    assert third.final.state.max_len == 96 and len(traces) == traced
+    assert third.tokens[0][:6] == engine.generate([longer[:70]], 6, max_len=96).tokens[0]
+    assert len(third.tokens[0]) == 12 and len(traces) == traced
+
+
+def test_prefill_pieces_and_first_choice_compile_once(tiny, monkeypatch):
+    """The prompt's last piece is only as long as its tail needs (a 257-token prompt: 256 + 16, not 256 + 256),
+    and a sampled first token (top-p, whose threshold search is a loop) is chosen by one compiled function,
+    not traced again on every call."""
+    import jaxspec.engine as E
+    _, model = tiny
+    pieces, choices = [], []
+    piece = Engine._prefill_piece
+    monkeypatch.setattr(Engine, "_prefill_piece",
+                        lambda self, params, state, draft, tokens, n: pieces.append(tokens.shape[1])
+                        or piece(self, params, state, draft, tokens, n))
+    choose = E.choose
+    monkeypatch.setattr(E, "choose", lambda key, logits, s: choices.append(logits.shape) or choose(key, logits, s))
+    engine = Engine(model, sampling=Sampling(temperature=0.7, top_p=0.9))
+    prompt = np.random.RandomState(3).randint(0, 512, size=257).tolist()
+    a = engine.generate([prompt], 4, seed=1)
+    assert pieces == [256, 16], pieces
+    traced = len(choices)          # the first token's choice and the round's, each traced once
+    b = engine.generate([prompt], 4, seed=2)
+    assert engine.generate([prompt], 4, seed=1).tokens == a.tokens       # seeded
+    assert len(choices) == traced and pieces == [256, 16], (choices, pieces)
+    assert all(0 <= t < 512 for t in a.tokens[0] + b.tokens[0])
+    # Greedy with every prompt in pieces of 16: the same tokens as with the 256 + 16 pieces
+    greedy = Engine(model).generate([prompt], 8).tokens
+    assert greedy == Engine(model, prefill_chunk=16).generate([prompt], 8).tokens
+
+
+def test_state_makers_compile_once_without_a_mesh():
+    from jaxspec.sharding import state_maker
+    calls = []
+    make = state_maker(None, lambda: calls.append(1) or {"s": jnp.zeros((2, 3)), "n": jnp.zeros((2,), jnp.int32)})
+    first, second = make(), make()
+    assert len(calls) == 1 and first["s"].shape == (2, 3) and second["n"].dtype == jnp.int32
 
 
 def test_sampling_is_seeded_and_valid(tiny):

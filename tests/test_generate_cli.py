@@ -38,6 +38,21 @@ def test_default_runs_and_says_it_is_random(tmp_path):
     assert "5 tokens" in out.stderr and "tok/s" in out.stderr
 
 
+def test_compile_cache_keeps_the_programs(tmp_path):
+    from jaxspec.generate import compile_cache_dir
+    home = {"HOME": "/home/u"}
+    assert compile_cache_dir(None, {**home, "XDG_CACHE_HOME": "/c"}) == "/c/jaxspec/xla"
+    assert compile_cache_dir(None, {"JAX_COMPILATION_CACHE_DIR": "/j"}) is None     # JAX reads it itself
+    assert compile_cache_dir("off", {}) is None and compile_cache_dir("/d", {"JAX_COMPILATION_CACHE_DIR": "/j"}) == "/d"
+    cache = tmp_path / "xla"
+    env = dict(os.environ, JAXSPEC_DEMO_DIR=str(tmp_path / "no-demo"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    out = subprocess.run([sys.executable, "-m", "jaxspec.generate", "--max-new-tokens", "3", "--compile-cache",
+                          str(cache)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    kept = [f.name for f in cache.iterdir()]
+    assert any("_run_rounds" in name for name in kept) and any("_prefill_piece" in name for name in kept), kept
+
+
 def test_demo_comparison_times_each_method_in_turn(dirs, tmp_path, monkeypatch, capsys):
     """The demo's comparison (no --model, no --method) on a pair laid out as jaxspec/demo is: each method compiled,
     then timed --repeats times, AR and DDTree in turn; each line names the median of the runs. The target's lm_head
