@@ -158,10 +158,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def compile_cache_dir(flag: str | None, env) -> str | None:
-    """The directory `--compile-cache` asks for; None to leave JAX's setting alone (off, or
-    $JAX_COMPILATION_CACHE_DIR, which JAX reads itself)."""
+    """The directory `--compile-cache` asks for: "" for off (no cache, even with $JAX_COMPILATION_CACHE_DIR
+    set), None to leave JAX's own setting ($JAX_COMPILATION_CACHE_DIR, which JAX reads itself)."""
     if flag == "off":
-        return None
+        return ""
     if flag:
         return flag
     if "JAX_COMPILATION_CACHE_DIR" in env:
@@ -234,8 +234,8 @@ def _main(argv) -> int:
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
 
-    if cache := compile_cache_dir(args.compile_cache, os.environ):
-        jax.config.update("jax_compilation_cache_dir", cache)
+    if (cache := compile_cache_dir(args.compile_cache, os.environ)) is not None:
+        jax.config.update("jax_compilation_cache_dir", cache or None)
     if args.distributed:
         try:
             kw = distributed_args(os.environ)

@@ -43,7 +43,8 @@ def test_compile_cache_keeps_the_programs(tmp_path):
     home = {"HOME": "/home/u"}
     assert compile_cache_dir(None, {**home, "XDG_CACHE_HOME": "/c"}) == "/c/jaxspec/xla"
     assert compile_cache_dir(None, {"JAX_COMPILATION_CACHE_DIR": "/j"}) is None     # JAX reads it itself
-    assert compile_cache_dir("off", {}) is None and compile_cache_dir("/d", {"JAX_COMPILATION_CACHE_DIR": "/j"}) == "/d"
+    assert compile_cache_dir("off", {"JAX_COMPILATION_CACHE_DIR": "/j"}) == ""                # off wins
+    assert compile_cache_dir("/d", {"JAX_COMPILATION_CACHE_DIR": "/j"}) == "/d"
     cache = tmp_path / "xla"
     env = dict(os.environ, JAXSPEC_DEMO_DIR=str(tmp_path / "no-demo"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     out = subprocess.run([sys.executable, "-m", "jaxspec.generate", "--max-new-tokens", "3", "--compile-cache",
