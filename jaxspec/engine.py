@@ -391,8 +391,8 @@ class Engine:
     # -- host driver -----------------------------------------------------------------------------
 
     def _fresh_states(self, b: int, max_len: int):
-        """Empty target and drafter states for b sequences of max_len slots, placed on the mesh; under a
-        mesh the makers compile once per (b, max_len), not once per generate call."""
+        """Empty target and drafter states for b sequences of max_len slots, placed on the mesh if there is one;
+        the makers compile once per (b, max_len), not once per generate call."""
         if (b, max_len) not in self._makers:
             self._makers[b, max_len] = (state_maker(self.mesh, lambda: init_state(self.cfg, b, max_len)),
                                         state_maker(self.mesh, lambda: self.spec.init(b, max_len)))

@@ -372,8 +372,7 @@ def constrain_state(mesh: Mesh | None, state):
 
 def state_maker(mesh: Mesh | None, make: Callable[[], Any]) -> Callable[[], Any]:
     """`make` (a state constructor) jitted, straight into its shardings under a mesh: one dispatch, not one per
-    array (eagerly, the 27B layout has ~130). Keep the result to make more
-    states of that shape without compiling again."""
+    array (the 27B layout has ~130). Keep the result to make more states of that shape without compiling again."""
     if mesh is None:
         return jax.jit(make)
     abstract = jax.eval_shape(make)
