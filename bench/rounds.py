@@ -121,7 +121,7 @@ def back_to_back(fn, args, k=20, warmup=3, thread=None):
 
 def loop_is_graphed(spec) -> bool:
     """Whether the engine's round loop for `spec` compiles to a CUDA graph here (engine.loop_compiler_options)."""
-    return jax.default_backend() == "gpu" and bool(loop_compiler_options(spec))
+    return jax.default_backend() == "gpu" and "xla_gpu_enable_command_buffer" in loop_compiler_options(spec)
 
 
 def positive_ints(ap, flag: str, text: str, example: str, empty_ok: bool = False) -> list[int]:

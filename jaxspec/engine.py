@@ -152,6 +152,15 @@ LOOP_GRAPH_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONA
 LOOP_GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1}
 
 
+# XLA splits K in some of a 64-row verify's products (the GDN in_proj in two, f32 partials summed again by two fusions
+# a layer: bench/results/2026-12-04-h200-s46/call2-round-trace/). Forced to one split everywhere, on the H200 at 1K,
+# real 27B shape, means of two: the DDTree(63) round 20.40 -> 20.17 ms, the DFlash round (16 rows) 17.36 -> 17.41,
+# the AR step 13.33 -> 14.13 (bench/results/2026-12-05-h200-s54/force-split-k/). Hence only loops that verify
+# SPLIT_K_ROWS or more nodes a round get it.
+SPLIT_K_ROWS = 64
+SPLIT_K_OPTIONS = {"xla_gpu_experimental_force_split_k": 1}
+
+
 def loop_compiler_options(spec: Speculator) -> dict:
     """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `all` (default: every method's loop
     compiles with WHILE / CONDITIONAL command buffers), `ar` (the AR loop alone) or `none`. Only a GPU compile reads
@@ -159,12 +168,14 @@ def loop_compiler_options(spec: Speculator) -> dict:
     `none` (bench/results/2026-12-03-h200-s31/loop-graphs/); in one lease, 10 rounds a call, the DFlash round
     18.15 -> 17.96 ms and DDTree(63) 23.16 -> 22.83 ms with `all` against `ar` (17.49 / 22.38 with calls queued,
     bench/results/2026-12-04-h200-s40/loops/). At XLA's default minimum graph size (5, before session 39) `all` had
-    made those two loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/)."""
+    made those two loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/). A loop that
+    verifies SPLIT_K_ROWS or more nodes a round also gets SPLIT_K_OPTIONS, whatever the variable says."""
     mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "all"
     if mode not in ("none", "ar", "all"):
         raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))
-    return LOOP_GRAPH_OPTIONS if on else {}
+    split = SPLIT_K_OPTIONS if spec.tree_size >= SPLIT_K_ROWS else {}
+    return (LOOP_GRAPH_OPTIONS if on else {}) | split
 
 
 def int_arg(value, name: str, error: type[Exception] = ValueError) -> int:
