@@ -156,7 +156,8 @@ LOOP_GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla
 # a layer: bench/results/2026-12-04-h200-s46/call2-round-trace/). Forced to one split everywhere, on the H200 at 1K,
 # real 27B shape, means of two: the DDTree(63) round 20.40 -> 20.17 ms, the DFlash round (16 rows) 17.36 -> 17.41,
 # the AR step 13.33 -> 14.13 (bench/results/2026-12-05-h200-s54/force-split-k/). Hence only loops that verify
-# SPLIT_K_ROWS or more nodes a round get it.
+# SPLIT_K_ROWS or more nodes a round get it: on an H100, in one lease, means of two, the DDTree(63) round
+# 27.07 -> 26.83 ms with it in that loop alone (bench/results/2026-12-05-h100-s55/split-k-ab/).
 SPLIT_K_ROWS = 64
 SPLIT_K_OPTIONS = {"xla_gpu_experimental_force_split_k": 1}
 

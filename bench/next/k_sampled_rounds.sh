@@ -17,14 +17,18 @@
 #   say so in bench/NOTES.md and look at a trace before keeping it.
 # Needs `_base48/` (the base tree with this session's bench.rounds, which has --sampling; untracked, so it travels):
 #   mkdir _base48 && git archive 9b0daea jaxspec pallas_kernels bench convert pyproject.toml ':!jaxspec/demo' \
-#     ':!bench/results' ':!bench/next' | tar x -C _base48 && cp bench/rounds.py _base48/bench/
+#     ':!bench/results' ':!bench/next' | tar x -C _base48 && cp bench/rounds.py bench/cli.py _base48/bench/
+#   (session 55's base run failed without bench/cli.py. A CPU dry run with the local .venv did not show it: the
+#   editable install serves bench/ modules missing from _base48/ out of the main tree)
 #   OUT=... SETTINGS="0 0.6,20,0.95" bash bench/next/k_sampled_rounds.sh (then tests/test_sampling.py on the
 #   GPU, ~1 min; NO_TESTS=1 skips it), then NO_TESTS=1 WAYS2=1 SETTINGS=0.7,0,0.9 in a second call (~5 min)
 #   (each run ~100 s at the real shape; writes $OUT/sampled-rounds.tgz; CONFIG=tiny JAX_PLATFORMS=cpu: a dry run,
 #   ~4 min)
 # Session 50 ran NO_TESTS=1 SETTINGS="0 0.6,20,0.95" (bench/results/2026-12-05-h200-s50/call1-sampled-rounds/:
 # sampled DFlash 20.71 -> 17.54, DDTree(63) 25.87 -> 20.78, AR loop 13.58 -> 13.43 ms);
-# SETTINGS=0.7,0,0.9 is still to run.
+# Session 55 ran NO_TESTS=1 WAYS2=1 SETTINGS=0.7,0,0.9 on an H100 (bench/results/2026-12-05-h100-s55/sampled-rounds/):
+# 16 ways against ways2: DDTree(63) 28.43 -> 29.56, DFlash 24.57 -> 24.94, AR loop 18.90 -> 19.18 ms; 16 ways kept.
+# Its base run failed (no bench/cli.py in _base48/).
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
 CONFIG=${CONFIG:-real}
