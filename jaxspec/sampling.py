@@ -11,6 +11,8 @@ import jax.numpy as jnp
 
 from jaxspec import sharding
 from jaxspec.ddtree import vocab_top_k
+from pallas_kernels.nucleus_mass import api as nucleus_mass
+from pallas_kernels.nucleus_mass.reference import ordered_key, unordered
 from pallas_kernels.verify import api as verify_api
 from pallas_kernels.verify.reference import categorical
 
@@ -70,16 +72,6 @@ def transformed(logits, s: Sampling):
     return x
 
 
-def _ordered(x):
-    """float32 -> uint32 keys in the floats' order (-0.0 just below 0.0; NaN not expected)."""
-    b = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    return jnp.where(b >> 31 == 1, ~b, b | jnp.uint32(0x80000000))
-
-
-def _unordered(key):
-    return jax.lax.bitcast_convert_type(jnp.where(key >> 31 == 1, key & jnp.uint32(0x7FFFFFFF), ~key), jnp.float32)
-
-
 def search_passes(ways: int) -> int:
     """Passes `searched_nucleus_cut` needs to narrow the 2^32 keys to one with `ways` - 1 thresholds a pass."""
     span, n = 2 ** 32 - 1, 0
@@ -100,11 +92,13 @@ def searched_nucleus_cut(x, top_p: float, ways: int | None = None):
     above a threshold only falls as the threshold rises, so search the 2^32 float32 keys for the lowest one above
     which the mass is < top_p, `ways` - 1 thresholds a pass (`nucleus_ways()` by default; 2 is bisection). That
     key is one of x's values (the mass changes only at them), so the result equals the sorted cumulative sum's cut
-    up to the sums' rounding."""
+    up to the sums' rounding. Each pass's sums are pallas_kernels/nucleus_mass (JAXSPEC_NUCLEUS_MASS; under a mesh
+    always its jnp reference, which sums over the vocabulary's shards)."""
     ways = ways or nucleus_ways()
-    key = _ordered(x)
+    key = ordered_key(x)
     e = jnp.exp(x - jnp.max(x, -1, keepdims=True))
-    mass_above = lambda t: jnp.sum(jnp.where(key[..., None, :] > t[..., None], e[..., None, :], 0.0), -1)
+    impl = None if jax.sharding.get_abstract_mesh().empty else "reference"
+    mass_above = lambda t: nucleus_mass.mass_above(key, e, t, implementation=impl)
     lo = jnp.zeros(x.shape[:-1] + (1,), jnp.uint32)                          # below every key: all the mass
     hi = jnp.max(key, -1, keepdims=True)                                       # the top entry: no mass above
     goal = top_p * mass_above(lo)
@@ -118,7 +112,7 @@ def searched_nucleus_cut(x, top_p: float, ways: int | None = None):
         m = jnp.argmax(below, -1)[..., None]                                  # the first threshold below the goal
         return jnp.take_along_axis(edges, m, -1), jnp.take_along_axis(edges, m + 1, -1)
 
-    return _unordered(jax.lax.fori_loop(0, search_passes(ways), narrow, (lo, hi))[1])
+    return unordered(jax.lax.fori_loop(0, search_passes(ways), narrow, (lo, hi))[1])
 
 
 def nucleus_cut(srt, z, top_p: float):

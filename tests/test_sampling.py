@@ -64,11 +64,14 @@ def test_top_k_keeps_every_tie_of_the_kth_value(monkeypatch, method):
         np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["reference", "pallas_interpret"])
 @pytest.mark.parametrize("ways", [2, 5, 16])
-def test_searched_cut_equals_the_sorted_cut(ways):
+def test_searched_cut_equals_the_sorted_cut(ways, impl, monkeypatch):
     """Rows of tied integers, -inf entries, -0.0 beside 0.0, a row whose top entry alone passes top_p: the
     search's cut is the sorted cumulative sum's, value for value, whether it bisects (a CPU's way) or tries 4 or 15
-    thresholds a pass (a GPU's); and top-k then top-p keeps what the search keeps of the top-k cut."""
+    thresholds a pass (a GPU's), with each pass's sums from the jnp reference or the kernel
+    (pallas_kernels/nucleus_mass); and top-k then top-p keeps what the search keeps of the top-k cut."""
+    monkeypatch.setenv("JAXSPEC_NUCLEUS_MASS", impl)
     rng = np.random.default_rng(3)
     x = np.round(rng.standard_normal((12, 700)) * 2).astype(np.float32)
     x[0, :350] = -np.inf

@@ -12,10 +12,16 @@ and the target's 64 (V = 248320, f32), the cut four ways, each checked against a
   - `unrolled`: the same search with 15 separate [rows, V] -> [rows] sums a pass (siblings XLA may fuse into one
     multi-output reduction that reads the row once);
   - `bucketed`: each token's bucket (how many thresholds its key passes) computed once, then 15 masked sums of e;
+  - `pallas`: the same search with pallas_kernels/nucleus_mass's kernel for each pass (added in session 55, after
+    the first run: one read of each row's keys and masses a pass), at its default tiles and two others;
   - `read`: one exp-and-sum over the row, the floor of one pass.
 Predicted: on a GPU `broadcast` ~0.6-0.9 ms for 64 rows (9 passes of 15 L2-bound row reads), `unrolled` or
 `bucketed` 2-5x shorter if XLA fuses the siblings (~9-10x `read`); if neither is shorter by >= 30%, the lead is
 elsewhere (the log_softmax and Gumbel passes) and a Pallas pass is the next step.
+Session 55's first run (H100, bench/results/2026-12-05-h100-s55/nucleus/): broadcast 0.37 / 1.23 ms at 15 / 64
+rows, unrolled 0.44 / 1.46, bucketed 0.85 / 3.06: refuted. Predicted for `pallas` (written before its first GPU
+run): 0.15-0.25 ms at 15 rows and 0.4-0.6 ms at 64 (9 passes of ~0.03-0.05 ms plus the loop's own small ops),
+equal to the sorted cut; make it the GPU default if it is >= 30% shorter at 64 rows and its GPU tests pass.
 """
 
 from __future__ import annotations
@@ -29,13 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sampling
-from jaxspec.sampling import _ordered, _unordered, search_passes
+from jaxspec.sampling import search_passes
+from pallas_kernels.nucleus_mass import api as nucleus_mass
+from pallas_kernels.nucleus_mass.reference import ordered_key, unordered
 
 
 def cut_with(sums, ways=16):
     """searched_nucleus_cut with its per-pass sums from `sums(key, e, t) -> [..., ways - 1]`."""
     def cut(x, top_p):
-        key = _ordered(x)
+        key = ordered_key(x)
         e = jnp.exp(x - jnp.max(x, -1, keepdims=True))
         lo = jnp.zeros(x.shape[:-1] + (1,), jnp.uint32)
         hi = jnp.max(key, -1, keepdims=True)
@@ -50,7 +58,7 @@ def cut_with(sums, ways=16):
             m = jnp.argmax(below, -1)[..., None]
             return jnp.take_along_axis(edges, m, -1), jnp.take_along_axis(edges, m + 1, -1)
 
-        return _unordered(jax.lax.fori_loop(0, search_passes(ways), narrow, (lo, hi))[1])
+        return unordered(jax.lax.fori_loop(0, search_passes(ways), narrow, (lo, hi))[1])
     return cut
 
 
@@ -61,6 +69,11 @@ def unrolled(key, e, t):
 def bucketed(key, e, t):
     bucket = jnp.sum(key[..., None] > t[..., None, :], -1)                  # thresholds each key passes
     return jnp.stack([jnp.sum(jnp.where(bucket > j, e, 0.0), -1) for j in range(t.shape[-1])], -1)
+
+
+def pallas(**tuning):
+    impl = "pallas_triton" if jax.default_backend() == "gpu" else "pallas_interpret"
+    return lambda key, e, t: nucleus_mass.mass_above(key, e, t, implementation=impl, **tuning)
 
 
 def sorted_cut(x, top_p):
@@ -85,12 +98,16 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--rows", default="15,64")
+    ap.add_argument("--impls", default="broadcast,unrolled,bucketed,pallas,pallas-512x4,pallas-2048x8")
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--ways", type=int, default=0, help="thresholds a pass + 1 (default: sampling.nucleus_ways())")
     a = ap.parse_args(argv)
     ways = a.ways or sampling.nucleus_ways()
     ways_of = {"broadcast": lambda x, p: sampling.searched_nucleus_cut(x, p, ways),
-               "unrolled": cut_with(unrolled, ways), "bucketed": cut_with(bucketed, ways)}
+               "unrolled": cut_with(unrolled, ways), "bucketed": cut_with(bucketed, ways),
+               "pallas": cut_with(pallas(), ways),       # the kernel's defaults: tiles of 1024, 8 warps
+               "pallas-512x4": cut_with(pallas(block_v=512, num_warps=4), ways),
+               "pallas-2048x8": cut_with(pallas(block_v=2048, num_warps=8), ways)}
     res = dict(backend=jax.default_backend(), device=str(jax.devices()[0]), ways=ways, vocab=a.vocab, rows={})
     for rows in map(int, a.rows.split(",")):
         # peaked rows, as a language model's: a scale of 4 puts most of the mass on a few hundred tokens
@@ -98,7 +115,8 @@ def main(argv=None):
         want = jax.jit(lambda x: sorted_cut(x, a.top_p))(x)
         r = res["rows"][rows] = {}
         r["read_ms"] = timed(jax.jit(lambda x: jnp.sum(jnp.exp(x - x.max(-1, keepdims=True)), -1)), x, a.calls)[0]
-        for name, cut in ways_of.items():
+        for name in a.impls.split(","):
+            cut = ways_of[name]
             fn = jax.jit(lambda x, cut=cut: cut(x, a.top_p))
             ms, got = timed(fn, x, a.calls)
             r[name] = dict(ms=ms, equal_to_sorted=bool(jnp.all(got == want)))

@@ -1,0 +1,55 @@
+"""The public pass of top-p's threshold search: one contract (reference.mass_above), two implementations.
+
+| implementation     | what                                                         | where by default |
+| ------------------ | ------------------------------------------------------------ | ---------------- |
+| "pallas_triton"    | one read of each row a pass, Triton lowering (pallas_triton) | never (opt-in)   |
+| "reference"        | jnp, a [R, W, V] reduction (what jaxspec.sampling ran)       | everywhere       |
+| "pallas_interpret" | the kernel's body run by the CPU interpreter                 | never (tests)    |
+
+Opt-in through JAXSPEC_NUCLEUS_MASS (read when jaxspec.sampling's top-p search is traced) until it is timed on
+the GPU: written in session 55 from that session's H100 measurement of the search (1.23 ms at 64 rows of
+248,320, bench/results/2026-12-05-h100-s55/nucleus/), with its CPU tests (interpret mode, and the Triton
+lowering for an abstract H200) only. Under a mesh (a vocabulary split over "model") it is not used: the
+reference's sum runs over the shards.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels import dispatch
+from pallas_kernels.nucleus_mass import pallas_triton, reference
+
+ENV_VAR = "JAXSPEC_NUCLEUS_MASS"
+IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
+
+
+def resolve(implementation: str | None = None) -> str:
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
+
+
+def mass_above(key, e, t, *, implementation: str | None = None, **tuning):
+    """See reference.mass_above: key [..., V] uint32, e [..., V] float32, t [..., W] uint32 -> [..., W] float32.
+    `tuning` (block_v, splits, num_warps) goes to the kernel. No rows, V = 0 or W = 0: the reference."""
+    name = resolve(implementation)
+    check_args(key, e, t)
+    if name == "reference" or key.size == 0 or t.shape[-1] == 0:
+        return reference.mass_above(key, e, t)
+    lead, w = key.shape[:-1], t.shape[-1]
+    wide = 1 << (w - 1).bit_length()                       # Triton's blocks are powers of two; pad with no mass
+    rows = lambda a: a.reshape(-1, a.shape[-1])
+    t = jnp.pad(rows(t), ((0, 0), (0, wide - w)), constant_values=jnp.uint32(0xFFFFFFFF))
+    out = pallas_triton.mass_above(rows(key), rows(e), t, interpret=name == "pallas_interpret", **tuning)
+    return out[:, :w].reshape(*lead, w)
+
+
+def check_args(key, e, t):
+    """ValueError naming the argument unless key [..., V] uint32, e float32 of key's shape, and t [..., W] uint32
+    with key's leading shape (static: also under jit)."""
+    if key.ndim < 1 or key.dtype != jnp.uint32:
+        raise ValueError(f"mass_above: key {key.shape} {key.dtype} must be [..., V] uint32")
+    if e.shape != key.shape or e.dtype != jnp.float32:
+        raise ValueError(f"mass_above: e {e.shape} {e.dtype} must be float32 of key's shape {key.shape}")
+    if t.ndim != key.ndim or t.shape[:-1] != key.shape[:-1] or t.dtype != jnp.uint32:
+        raise ValueError(f"mass_above: t {t.shape} {t.dtype} must be [..., W] uint32 with the leading shape of "
+                         f"key {key.shape}")
