@@ -101,6 +101,9 @@ def main(argv=None):
     ap.add_argument("--impls", default="broadcast,unrolled,bucketed,pallas,pallas-512x4,pallas-2048x8")
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--ways", type=int, default=0, help="thresholds a pass + 1 (default: sampling.nucleus_ways())")
+    ap.add_argument("--graphs", action="store_true",
+                    help="compile with the engine's loop options (engine.LOOP_GRAPH_OPTIONS: the search's loop as a "
+                         "CUDA graph, as inside a round; without them each pass returns to the host)")
     a = ap.parse_args(argv)
     ways = a.ways or sampling.nucleus_ways()
     ways_of = {"broadcast": lambda x, p: sampling.searched_nucleus_cut(x, p, ways),
@@ -108,7 +111,12 @@ def main(argv=None):
                "pallas": cut_with(pallas(), ways),       # the kernel's defaults: tiles of 1024, 8 warps
                "pallas-512x4": cut_with(pallas(block_v=512, num_warps=4), ways),
                "pallas-2048x8": cut_with(pallas(block_v=2048, num_warps=8), ways)}
-    res = dict(backend=jax.default_backend(), device=str(jax.devices()[0]), ways=ways, vocab=a.vocab, rows={})
+    options = None
+    if a.graphs:
+        from jaxspec.engine import LOOP_GRAPH_OPTIONS
+        options = LOOP_GRAPH_OPTIONS
+    res = dict(backend=jax.default_backend(), device=str(jax.devices()[0]), ways=ways, vocab=a.vocab, rows={},
+               graphs=a.graphs)
     for rows in map(int, a.rows.split(",")):
         # peaked rows, as a language model's: a scale of 4 puts most of the mass on a few hundred tokens
         x = 4.0 * jax.random.normal(jax.random.key(rows), (rows, a.vocab), jnp.float32)
@@ -117,7 +125,7 @@ def main(argv=None):
         r["read_ms"] = timed(jax.jit(lambda x: jnp.sum(jnp.exp(x - x.max(-1, keepdims=True)), -1)), x, a.calls)[0]
         for name in a.impls.split(","):
             cut = ways_of[name]
-            fn = jax.jit(lambda x, cut=cut: cut(x, a.top_p))
+            fn = jax.jit(lambda x, cut=cut: cut(x, a.top_p), compiler_options=options)
             ms, got = timed(fn, x, a.calls)
             r[name] = dict(ms=ms, equal_to_sorted=bool(jnp.all(got == want)))
         print(rows, json.dumps(r), flush=True)
