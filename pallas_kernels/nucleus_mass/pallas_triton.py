@@ -1,8 +1,8 @@
 """The mass of a row above each of its thresholds in one read of the row: a Pallas kernel, Triton lowering.
 
 Grid (row, vocabulary split), as the verify kernel's. A program walks its slice of one row in tiles of
-`block_v`: it reads the tile's keys and masses once and adds the tile's mass above each of the row's W thresholds
-(a [W, block_v] compare) to W running sums; XLA sums the splits'
+`block_v`: it reads the tile's keys and masses once and adds each entry's mass where it is above each of the row's
+W thresholds (a [W, block_v] compare) to a [W, block_v] running sum, summed across once at the end; XLA sums the splits'
 partials. XLA's form of the same sum (reference.mass_above, a [R, W, V] reduction) re-reads the row per
 threshold; on an H100 a 16-way search pass over 64 rows of 248,320 took ~0.12 ms, ~3x reading the rows
 (bench/results/2026-12-05-h100-s55/nucleus/). Tiles that would cross the row's end are shifted back and the
@@ -36,10 +36,11 @@ def _kernel(key_ref, e_ref, t_ref, out_ref, *, vocab, splits, block_v):
         pos = off + cols
         e = jnp.where((pos >= p0) & (pos < hi), e_ref[pl.ds(off, block_v)], 0.0)
         above = key_ref[pl.ds(off, block_v)][None, :] > t[:, None]              # [W, block_v]
-        return acc + jnp.sum(jnp.where(above, e[None, :], 0.0), axis=1)
+        return acc + jnp.where(above, e[None, :], 0.0)          # summed across the tile once, at the end
 
     n_tiles = pl.cdiv(jnp.maximum(hi - lo, 0), block_v)
-    out_ref[...] = lax.fori_loop(0, n_tiles, body, jnp.zeros(t.shape, jnp.float32))
+    acc = lax.fori_loop(0, n_tiles, body, jnp.zeros((t.shape[0], block_v), jnp.float32))
+    out_ref[...] = jnp.sum(acc, axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_v", "splits", "num_warps"))
