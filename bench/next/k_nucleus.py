@@ -98,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--rows", default="15,64")
-    ap.add_argument("--impls", default="broadcast,unrolled,bucketed,pallas,pallas-512x4,pallas-2048x8")
+    ap.add_argument("--impls", default="broadcast,unrolled,bucketed,pallas,pallas-1024x8,pallas-2048x8")
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--ways", type=int, default=0, help="thresholds a pass + 1 (default: sampling.nucleus_ways())")
     ap.add_argument("--graphs", action="store_true",
@@ -108,8 +108,8 @@ def main(argv=None):
     ways = a.ways or sampling.nucleus_ways()
     ways_of = {"broadcast": lambda x, p: sampling.searched_nucleus_cut(x, p, ways),
                "unrolled": cut_with(unrolled, ways), "bucketed": cut_with(bucketed, ways),
-               "pallas": cut_with(pallas(), ways),       # the kernel's defaults: tiles of 1024, 8 warps
-               "pallas-512x4": cut_with(pallas(block_v=512, num_warps=4), ways),
+               "pallas": cut_with(pallas(), ways),       # the kernel's defaults: tiles of 512, 4 warps
+               "pallas-1024x8": cut_with(pallas(block_v=1024, num_warps=8), ways),
                "pallas-2048x8": cut_with(pallas(block_v=2048, num_warps=8), ways)}
     options = None
     if a.graphs:

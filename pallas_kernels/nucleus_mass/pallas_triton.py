@@ -44,7 +44,7 @@ def _kernel(key_ref, e_ref, t_ref, out_ref, *, vocab, splits, block_v):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_v", "splits", "num_warps"))
-def mass_above(key, e, t, *, interpret=False, block_v=1024, splits=None, num_warps=8):
+def mass_above(key, e, t, *, interpret=False, block_v=512, splits=None, num_warps=4):
     """reference.mass_above's contract for [R, V] rows; W (t's width) must be a power of two (api.mass_above pads
     it)."""
     r, v = key.shape
