@@ -88,7 +88,8 @@ def test_api_empty(impl, lead, vocab, width):
 
 def test_sampling_search_runs_the_flag_and_keeps_the_reference_under_a_mesh(monkeypatch):
     """jaxspec.sampling's top-p search runs each pass through the op: the kernel when JAXSPEC_NUCLEUS_MASS picks it
-    (the total, then the loop's pass, traced once for its 9 passes at 16 ways), the reference under a mesh (the kernel would see one shard's rows whole)."""
+    (the total, then the loop's pass, traced once for its 9 passes at 16 ways), the reference under a mesh (the
+    kernel would see one shard's rows whole)."""
     from jaxspec.sampling import searched_nucleus_cut
     calls, kernel = [], pallas_triton.mass_above
     monkeypatch.setattr(pallas_triton, "mass_above", lambda *a, **kw: calls.append(a[2].shape) or kernel(*a, **kw))

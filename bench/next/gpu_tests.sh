@@ -3,7 +3,8 @@
 # its 570 s timeout after 112; the opt-in skinny matmuls' 100 tests took most of it
 # (bench/results/2026-12-04-h200-s40/README.md).
 #   bash bench/next/gpu_tests.sh kernels    the kernels' own tests: tree attention, tree delta rule, verify,
-#                                           gdn_decode, gdn_tree_inputs, add_rms_norm (~4.5 min before session 42)
+#                                           gdn_decode, gdn_tree_inputs, add_rms_norm, nucleus_mass
+#                                           (~4.5 min before session 42)
 #   bash bench/next/gpu_tests.sh engine     the engine with every kernel on (lossless against AR) and its loop
 #                                           graphs (~3 min)
 #   bash bench/next/gpu_tests.sh opt-in     the opt-in skinny matmuls (Triton 40, Mosaic GPU 60)
@@ -13,7 +14,7 @@ export PYTHONPATH=. JAX_PLATFORMS=cuda
 case "$1" in
   kernels) FILES="tests/test_tree_attention_kernel.py tests/test_tree_delta_rule_kernel.py tests/test_verify_kernel.py
                   tests/test_gdn_tree_inputs_kernel.py
-                  tests/test_gdn_decode_kernel.py tests/test_add_rms_norm_kernel.py";;
+                  tests/test_gdn_decode_kernel.py tests/test_add_rms_norm_kernel.py tests/test_nucleus_mass_kernel.py";;
   engine) FILES="tests/test_kernels_engine.py tests/test_engine.py";;
   opt-in) FILES="tests/test_skinny_matmul_kernel.py tests/test_skinny_matmul_mosaic.py";;
   sharding) FILES="tests/test_sharding.py";;
