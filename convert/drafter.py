@@ -15,11 +15,11 @@ from flax import nnx
 from safetensors import safe_open
 
 from convert import store
-from convert.hf import FLOAT_DTYPES, INDEX_NAME, CheckpointError, scan
+from convert.hf import FLOAT_DTYPES, INDEX_NAME, WEIGHTS_NAME, CheckpointError, refuse_converted, scan
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
 
-WEIGHTS = "model.safetensors"
+WEIGHTS = WEIGHTS_NAME
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -48,12 +48,13 @@ def drafter_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple, tuple[int, ...]
 
 def weights_files(model_dir: Path) -> list[Path]:
     """z-lab's one model.safetensors, else the shards its model.safetensors.index.json lists (checked against
-    their headers: each key in the shard the index names)."""
+    their headers: each key in the shard the index names). Both at once is refused as by the target's loader
+    (convert/hf.py `shard_files`), unless the index lists model.safetensors."""
+    if (model_dir / INDEX_NAME).exists():
+        return sorted({info.file for info in scan(model_dir).values()})
     f = model_dir / WEIGHTS
     if f.is_file():
         return [f]
-    if (model_dir / INDEX_NAME).exists():
-        return sorted({info.file for info in scan(model_dir).values()})
     if list(model_dir.glob("*.safetensors")):
         found = sorted(p.name for p in model_dir.glob("*.safetensors*"))
         raise CheckpointError(f"{model_dir}: expected {WEIGHTS} (the DFlash drafter layout) or shards with "
@@ -71,6 +72,7 @@ def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
+    refuse_converted(model_dir)
     cfg = load_drafter_config(model_dir, dtype=dtype)
     files = weights_files(model_dir)
     layout = drafter_layout(cfg)

@@ -25,10 +25,12 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 
 from convert.keys import IGNORED_PREFIXES, MTP_PREFIX, strip_text_prefix, target_layout, transform
-from jaxspec.config import FULL, TargetConfig, load_target_config
+from jaxspec.config import FULL, TargetConfig, load_json, load_target_config
 from jaxspec.model import Qwen35, fuse_params, split_params
 
 INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_NAME = "model.safetensors"   # the single-file layout, which transformers prefers to an index beside it
+CONVERTED_META = "jaxspec.json"      # what convert/store.py writes into a converted dir (store.META)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Stored dtypes we can convert; anything else is a quantized or otherwise foreign checkpoint.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -68,6 +70,25 @@ def _refuse_pickle(path: Path, found: Iterable[str]) -> CheckpointError:
         "tool first (e.g. transformers' save_pretrained(..., safe_serialization=True)).")
 
 
+def refuse_converted(model_dir: Path) -> None:
+    """A dir that `python -m convert` wrote (it has jaxspec.json) given where a Hugging Face checkpoint is expected:
+    say that it is converted already and how to load it, rather than report its files as a broken checkpoint."""
+    meta = model_dir / CONVERTED_META
+    if not meta.is_file():
+        return
+    try:
+        fmt = json.loads(meta.read_text()).get("format")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        fmt = None
+    # The formats of convert/store.py TARGET and convert/drafter.py DRAFTER.
+    target = f"convert.load_model({str(model_dir)!r}) or `python -m jaxspec.generate --model {model_dir}`"
+    drafter = f"convert.load_draft({str(model_dir)!r}) or `python -m jaxspec.generate --draft {model_dir}`"
+    how = {"jaxspec-target": target, "jaxspec-drafter": drafter}.get(
+        fmt, f"{target} (a target), {drafter} (a drafter)")
+    raise CheckpointError(f"{model_dir}: already converted by jaxspec (it has {CONVERTED_META}, format {fmt!r}), "
+                          f"not a Hugging Face checkpoint; there is nothing to convert: load it directly with {how}")
+
+
 def shard_files(model_dir: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint dir: the shards its index lists, else every *.safetensors."""
     model_dir = Path(model_dir)
@@ -77,9 +98,18 @@ def shard_files(model_dir: str | Path) -> list[Path]:
         raise CheckpointError(f"{model_dir}: expected a checkpoint directory (with config.json), got a file")
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: no such checkpoint directory")
+    refuse_converted(model_dir)
     index = model_dir / INDEX_NAME
     if index.exists():
-        return sorted(set(_read_index(index).values()))
+        shards = sorted(set(_read_index(index).values()))
+        single = model_dir / WEIGHTS_NAME
+        # transformers loads model.safetensors and ignores the index; loading the index's shards instead would
+        # give another model from the same dir.
+        if single.is_file() and single not in shards:
+            raise CheckpointError(f"{model_dir}: holds both {WEIGHTS_NAME} and {INDEX_NAME}, which does not list "
+                                  f"it: which of them is the checkpoint is ambiguous (transformers would load "
+                                  f"{WEIGHTS_NAME}); remove the stale one")
+        return shards
     files = sorted(model_dir.glob("*.safetensors"))
     if files:
         return files
@@ -294,6 +324,30 @@ def _text_prefix(text: dict[str, TensorInfo]) -> str:
     return "model."
 
 
+# Tensor names only quantized checkpoints have: FP8 block scales, compressed-tensors / ModelOpt scales, GPTQ / AWQ
+# packed weights, bitsandbytes' quantization state.
+_QUANT_SUFFIXES = ("_scale_inv", ".weight_scale", ".input_scale", ".qweight", ".qzeros", ".scales", ".g_idx",
+                   ".absmax", ".quant_map", ".quant_state")
+
+
+def refuse_quantized(config_path: Path, infos: dict[str, TensorInfo]) -> None:
+    """Refuse a quantized checkpoint, named by config.json's quantization_config or else by its scale or packed-weight
+    tensors, before those extra tensors would be reported as unexpected ones."""
+    why = (f"jaxspec converts floating-point checkpoints only ({', '.join(FLOAT_DTYPES)}), not quantized ones; use "
+           "the unquantized (BF16) release of the model")
+    hf = load_json(config_path) if config_path.is_file() else {}
+    for section in (hf, hf.get("text_config")):
+        q = section.get("quantization_config") if isinstance(section, dict) else None
+        if q:
+            method = q.get("quant_method") if isinstance(q, dict) else None
+            raise CheckpointError(f"{config_path}: a quantized checkpoint (quantization_config with quant_method "
+                                  f"{method!r}): {why}")
+    for key, info in infos.items():
+        if key.endswith(_QUANT_SUFFIXES):
+            raise CheckpointError(f"{info.file}: tensor {key!r} ({info.dtype}) is a quantization tensor, so this is "
+                                  f"a quantized checkpoint: {why}")
+
+
 def text_tensors(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
     """name without the text prefix -> info, for the text-model tensors. `model.visual.*` and `mtp.*`
     are skipped; any other key that is not a text weight is an error (the checkpoint is not what we
@@ -386,6 +440,7 @@ def load_target(model_dir: str | Path, *, dtype: str | None = None, sharding: Sh
     model_dir = Path(model_dir)
     infos = scan(model_dir)
     config_path = model_dir / "config.json"
+    refuse_quantized(config_path, infos)
     cfg = load_target_config(model_dir, dtype=dtype)
     text = text_tensors(infos)
     check_against_config(cfg, text, config_path, model_dir)

@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -32,17 +33,26 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors.numpy import save_file
 
-from convert.hf import (MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble, has_mtp_tensors,
-                        load_mtp_tensors, load_target, resolve_sharding)
+from convert.hf import (CONVERTED_META, MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble,
+                        has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
 from jaxspec.files import blocking_file, replace_dir
 from jaxspec.model import Qwen35, fuse_params, split_params
 
 PARAMS = "params"
-META = "jaxspec.json"
+META = CONVERTED_META                          # "jaxspec.json"
 DTYPES = ("float32", "bfloat16", "float16")   # what jaxspec.json's "dtype" may say
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
+
+
+class OutDirError(OSError):
+    """`out_dir` (or the temp dir beside it) cannot be written: the message names the dir and the reason."""
+
+
+def _out_dir_error(out_dir: Path, e: OSError) -> OutDirError:
+    reason = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else (e.strerror or str(e))
+    return OutDirError(f"{out_dir}: cannot be written: {reason}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +156,16 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
     if src_cfg != model.cfg:
         raise CheckpointError(_not_described(config_path, src_cfg, model))
 
+    try:
+        _write(kind, model, out_dir, src_dir, config_path, progress, extra)
+    except OSError as e:  # a read-only or full disk: the temp dir is gone, `out_dir` untouched
+        raise _out_dir_error(out_dir, e) from e
+    return out_dir
+
+
+def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, progress: bool,
+           extra: Callable[[Path], None] | None) -> None:
+    """The writing half of `save`: a temp dir beside `out_dir`, renamed into place once complete."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in _stale_temp_dirs(out_dir):
         print(f"convert: removing {stale}, left behind by an interrupted conversion to {out_dir}", file=sys.stderr,
@@ -173,7 +193,6 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
             with hold():
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return out_dir
 
 
 def _not_described(config_path: Path, cfg, model) -> str:
@@ -201,6 +220,8 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
     - With `overwrite`, `out_dir` is replaced only when it is an empty dir or a previous conversion of the same
       kind (its jaxspec.json names `kind.format`): never a dir of other files, nor another kind's conversion
       (FileExistsError).
+    - No dir can be made beside `out_dir` (read-only, /proc, ...), where the save writes its temp dir: a probe dir
+      is made and removed in the nearest existing folder above `out_dir` (OutDirError).
     """
     out_dir = Path(out_dir).absolute()
     # Compared both as written (`..` folded) and with symlinks resolved.
@@ -216,8 +237,23 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
     parent = blocking_file(out_dir, parents_only=True)
     if parent is not None:
         raise CheckpointError(f"{out_dir}: cannot be created: {parent} is not a directory")
-    if not (out_dir.exists() or out_dir.is_symlink()):
-        return
+    if out_dir.exists() or out_dir.is_symlink():
+        _check_replaceable(kind, out_dir, overwrite)
+    _probe_writable(out_dir)
+
+
+def _probe_writable(out_dir: Path) -> None:
+    """Make and remove a dir where the save will make its first one: `out_dir`'s parent, or the nearest existing
+    folder above it (the save creates the missing ones), so that an unwritable OUT_DIR fails before the load."""
+    base = next((p for p in out_dir.parents if p.is_dir()), Path(out_dir.anchor))
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out_dir.name}.probe-", dir=base))
+    except OSError as e:
+        raise OutDirError(f"{out_dir}: cannot be written: no dir can be made in {base} ({e.strerror or e})") from None
+
+
+def _check_replaceable(kind: Kind, out_dir: Path, overwrite: bool) -> None:
+    """The part of `check_out_dir` for an `out_dir` that exists."""
     if not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
     if not out_dir.is_dir():

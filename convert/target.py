@@ -35,16 +35,17 @@ def convert_to(args, work, kind, protected: dict) -> int:
     """Run `work()` (load + save, returning the written dir) with the shared CLI behaviour: refuse an OUT_DIR
     that the save of a `kind` model would refuse (convert/store.py `check_out_dir`: an existing one without
     --overwrite, one that is or holds a `protected` dir ({what: dir}), ...) before a conversion that can take
-    minutes, and report errors without a traceback."""
+    minutes, and report errors without a traceback: an OUT_DIR that cannot be written (read-only, a full disk) is
+    an OutDirError naming it, and the save leaves nothing half-written."""
     from convert.hf import CheckpointError
-    from convert.store import check_out_dir
+    from convert.store import OutDirError, check_out_dir
     from jaxspec.config import ConfigError
 
     t0 = time.perf_counter()
     try:
         check_out_dir(kind, args.out_dir, protected, overwrite=args.overwrite)
         out = work()
-    except (CheckpointError, ConfigError, FileExistsError) as e:
+    except (CheckpointError, ConfigError, FileExistsError, OutDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"convert: wrote {out} ({args.dtype}, {time.perf_counter() - t0:.1f}s)", file=sys.stderr)

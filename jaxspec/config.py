@@ -221,8 +221,11 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
     theta = as_float(source, "rope_theta", theta)
     if theta <= 0:
         raise ConfigError(f"{source}: rope_theta must be positive, got {theta}")
+    # Absent from both, transformers rotates a quarter of the head: Qwen3_5TextConfig.__post_init__
+    # (transformers/models/qwen3_5/configuration_qwen3_5.py) defaults partial_rotary_factor to 0.25 "for BC", and
+    # convert_rope_params_to_dict (modeling_rope_utils.py) puts that into rope_parameters.
     factor = as_float(source, "partial_rotary_factor",
-                      rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+                      rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))
     ints = {name: req(key) for name, key in (
         ("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"), ("intermediate_size", "intermediate_size"),
         ("num_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
@@ -256,7 +259,9 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
             tie_word_embeddings=tie,
             eos_token_ids=eos,
             max_position_embeddings=opt("max_position_embeddings", 0),
-            dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
+            # transformers 5 writes the multimodal layout's dtype at the top level only.
+            dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or top.get("dtype") or top.get("torch_dtype")
+                               or "bfloat16"),
         )
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None

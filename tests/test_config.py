@@ -116,9 +116,39 @@ def test_rope_parameters_and_legacy_rope_theta_agree():
     scaling = copy.deepcopy(legacy)
     scaling["rope_scaling"] = {"type": "default"}
     assert target_config_from_hf(scaling) == target_config_from_hf(new)
-    # Without partial_rotary_factor the whole head rotates.
+    # Without partial_rotary_factor a quarter of the head rotates, as in transformers (next test).
     del legacy["partial_rotary_factor"]
-    assert target_config_from_hf(legacy).rotary_dim == 32
+    assert target_config_from_hf(legacy).rotary_dim == 8
+
+
+@pytest.mark.parametrize("where", ["rope_parameters", "legacy"])
+def test_partial_rotary_factor_defaults_like_transformers(where):
+    """A config.json without partial_rotary_factor rotates what transformers' Qwen3_5TextConfig does (0.25 of
+    the head), not the whole head."""
+    from transformers import Qwen3_5TextConfig
+    hf = flat()
+    hf.pop("partial_rotary_factor", None)
+    if where == "legacy":
+        del hf["rope_parameters"]
+        hf["rope_theta"] = 1e7
+    else:
+        del hf["rope_parameters"]["partial_rotary_factor"]
+    want = Qwen3_5TextConfig(**copy.deepcopy(hf)).rope_parameters["partial_rotary_factor"]
+    assert want == 0.25
+    assert target_config_from_hf(hf).rotary_dim == int(32 * want) == 8
+
+
+def test_multimodal_dtype_falls_back_to_the_top_level():
+    """transformers 5 writes a Qwen3_5ForConditionalGeneration config's dtype at the top level only."""
+    hf = nested()
+    hf["text_config"].pop("dtype", None)
+    hf["text_config"].pop("torch_dtype", None)
+    assert target_config_from_hf({**hf, "dtype": "float32"}).dtype == "float32"
+    assert target_config_from_hf({**hf, "torch_dtype": "float16"}).dtype == "float16"
+    assert target_config_from_hf({**hf, "dtype": "float32"}, dtype="bfloat16").dtype == "bfloat16"
+    # text_config's own dtype wins where both are written.
+    hf["text_config"]["dtype"] = "float16"
+    assert target_config_from_hf({**hf, "dtype": "float32"}).dtype == "float16"
 
 
 def test_head_dim_defaults_to_hidden_over_heads():

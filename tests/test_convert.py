@@ -919,3 +919,141 @@ def test_a_damaged_array_is_named_by_its_param(ckpts, tmp_path):
     name = re.search(r"param '([\w.]+)'", msg).group(1)
     assert name in {".".join(map(str, p)) for p in flat_params(model)}, msg
     assert str(out / "params") in msg and "bound method" not in msg and "\n" not in msg, msg
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs that transformers reads differently, or that are not HF checkpoints, and unwritable outputs
+
+
+def test_missing_partial_rotary_factor_gives_transformers_logits(bad):
+    """Without partial_rotary_factor transformers' Qwen3_5TextConfig rotates a quarter of the head (0.25), not all
+    of it: the logits must still match its."""
+    from transformers import AutoModelForCausalLM
+    path = bad()
+
+    def drop(c):
+        c.pop("partial_rotary_factor", None)
+        c["rope_parameters"].pop("partial_rotary_factor")
+    edit_config(path, drop)
+    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert ref_model.config.rope_parameters["partial_rotary_factor"] == 0.25
+    with torch.no_grad():
+        ref = ref_model(torch.tensor(TOKENS.astype(np.int64))).logits.numpy()
+    model = load_target(path, dtype="float32")
+    assert model.cfg.rotary_dim == 8
+    got = logits(model)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_multimodal_checkpoint_without_a_dtype_argument_keeps_its_dtype(ckpts):
+    """transformers 5 writes a Qwen3_5ForConditionalGeneration's dtype at the top level of config.json only."""
+    path = ckpts["cond"][0]
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["dtype"] == "float32" and "dtype" not in cfg["text_config"]  # the layout this test is about
+    model = load_target(path)
+    assert model.cfg.dtype == "float32"
+    assert all(v.dtype == jnp.float32 for v in flat_params(model).values())
+
+
+def test_a_single_file_beside_an_index_that_does_not_list_it_is_refused(bad, ckpts):
+    """transformers loads model.safetensors and ignores the index: loading the index's shards would give another
+    model from the same dir. Where the index lists model.safetensors itself, nothing is ambiguous."""
+    path = bad("causal_sharded")
+    shutil.copyfile(ckpts["causal"][0] / "model.safetensors", path / "model.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        load_target(path, dtype="float32")
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and "model.safetensors and model.safetensors.index.json" in msg, msg
+
+    single = bad("causal")
+    keys = read_file(single / "model.safetensors")[0]
+    (single / hf.INDEX_NAME).write_text(json.dumps({"weight_map": {k: "model.safetensors" for k in keys}}))
+    assert_bit_identical(load_target(single, dtype="float32"), load_target(ckpts["causal"][0], dtype="float32"))
+
+
+def _quantize_fp8(path):
+    """The layout of block-quantized FP8 releases (Qwen/Qwen3.6-27B-FP8): projection weights as F8_E4M3, each with
+    a `weight_scale_inv` beside it."""
+    def edit(t):
+        out = {}
+        for k, v in t.items():
+            if v.ndim == 2 and "proj" in k and "in_proj_a" not in k and "in_proj_b" not in k:
+                out[k] = v.astype(ml_dtypes.float8_e4m3fn)
+                out[k + "_scale_inv"] = np.ones((1, 1), np.float32)
+            else:
+                out[k] = v
+        return out
+    rewrite(path / "model.safetensors", edit)
+
+
+@pytest.mark.parametrize("with_config", [True, False])
+def test_quantized_checkpoint_is_refused_as_quantized(bad, tmp_path, capsys, with_config):
+    path = bad()
+    _quantize_fp8(path)
+    if with_config:
+        edit_config(path, lambda c: c.update(quantization_config={"quant_method": "fp8", "fmt": "e4m3",
+                                                                  "weight_block_size": [128, 128]}))
+    with pytest.raises(CheckpointError, match="quantized checkpoint") as e:
+        load_target(path)
+    msg = str(e.value)
+    if with_config:
+        assert msg.startswith(f"{path / 'config.json'}: ") and "quant_method 'fp8'" in msg, msg
+    else:
+        assert msg.startswith(f"{path / 'model.safetensors'}: tensor ") and "_scale_inv'" in msg, msg
+    assert "unexpected tensor" not in msg, msg
+    capsys.readouterr()  # what writing the fixture printed
+    assert cli_main(["target", str(path), str(tmp_path / "out")]) == 2
+    assert "quantized checkpoint" in capsys.readouterr().err
+
+
+def test_a_converted_dir_as_input_says_it_is_converted(ckpts, tmp_path, capsys):
+    """A dir written by convert (it has jaxspec.json) given as HF_DIR: not `missing 56 tensors`, but that it is
+    converted already and how to load it."""
+    path = ckpts["cond"][0]
+    out = save_converted(load_target(path, dtype="float32"), tmp_path / "out", path)
+    for load in (load_target, hf.scan):
+        with pytest.raises(CheckpointError, match="already converted") as e:
+            load(out)
+        msg = str(e.value)
+        assert msg.startswith(f"{out}: ") and "jaxspec.json" in msg and "convert.load_model(" in msg, msg
+        assert "--model" in msg and "missing" not in msg, msg
+    capsys.readouterr()
+    assert cli_main(["target", str(out), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: already converted") and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _unwritable(tmp_path) -> Path:
+    """An OUT_DIR that no one can create, root included: /proc takes no new entries."""
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs /proc, where no directory can be made, even by root")
+    return Path(f"/proc/jaxspec-test-{os.getpid()}/out")
+
+
+def test_cli_refuses_an_unwritable_out_dir_before_loading(bad, tmp_path, capsys, monkeypatch):
+    src = bad()
+    out = _unwritable(tmp_path)
+    capsys.readouterr()  # what writing the fixture printed
+    monkeypatch.setattr(hf, "load_target", lambda *a, **kw: pytest.fail("loaded the model before checking OUT_DIR"))
+    assert cli_main(["target", str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: cannot be written: no dir can be made in /proc (") and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_causal"]
+
+
+def test_cli_reports_a_full_disk_and_leaves_nothing_behind(ckpts, tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(self, directory, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+
+    monkeypatch.setattr(ocp.Checkpointer, "save", full)
+    src = ckpts["causal"][0]
+    capsys.readouterr()  # what writing the fixture printed
+    out = tmp_path / "out"
+    assert cli_main(["target", str(src), str(out), "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the progress lines
+    assert last.startswith(f"error: {out}: cannot be written: No space left on device: ") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

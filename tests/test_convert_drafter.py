@@ -527,3 +527,54 @@ def test_target_save_keeps_generation_config_stop_tokens(tmp_path):
     assert {7, 9} <= set(model.cfg.eos_token_ids)
     restored = restore_converted(save_converted(model, tmp_path / "out", src))
     assert restored.cfg == model.cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs that are ambiguous or already converted, unwritable outputs: as for the target
+
+
+def test_a_single_file_beside_an_index_that_does_not_list_it_is_refused(hf_copy):
+    """The target's loader refuses such a dir (transformers would load model.safetensors, the index names other
+    files); the drafter's must agree, not pick model.safetensors on its own."""
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(hf_copy / "model.safetensors"))
+    save_file(tensors, str(hf_copy / "model-00001-of-00001.safetensors"))
+    index = {"weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}
+    (hf_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError) as e:
+        load_drafter(hf_copy)
+    msg = str(e.value)
+    assert msg.startswith(f"{hf_copy}: ") and "model.safetensors and model.safetensors.index.json" in msg, msg
+    # An index that lists model.safetensors is no conflict.
+    (hf_copy / "model-00001-of-00001.safetensors").unlink()
+    index = {"weight_map": {k: "model.safetensors" for k in tensors}}
+    (hf_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    load_drafter(hf_copy)
+
+
+def test_a_converted_dir_as_input_says_it_is_converted(drafters, tmp_path, capsys):
+    path = drafters["qwen36"]
+    out = save_drafter(load_drafter(path), tmp_path / "out", path)
+    with pytest.raises(CheckpointError, match="already converted") as e:
+        load_drafter(out)
+    msg = str(e.value)
+    assert msg.startswith(f"{out}: ") and "'jaxspec-drafter'" in msg and "convert.load_draft(" in msg, msg
+    assert "--draft" in msg and "no model.safetensors" not in msg, msg
+    capsys.readouterr()
+    assert cli_main(["drafter", str(out), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: already converted") and "Traceback" not in err, err
+    assert listing(tmp_path) == ["out"]
+
+
+def test_cli_refuses_an_unwritable_out_dir_before_loading(drafters, tmp_path, capsys, monkeypatch):
+    import convert.drafter
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs /proc, where no directory can be made, even by root")
+    out = Path(f"/proc/jaxspec-test-{os.getpid()}/out")  # root cannot make it either
+    monkeypatch.setattr(convert.drafter, "load_drafter", lambda *a, **kw: pytest.fail("loaded before the check"))
+    path = drafters["qwen36"]
+    capsys.readouterr()  # what writing the fixture printed
+    assert cli_main(["drafter", str(path), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: cannot be written: no dir can be made in /proc (") and "Traceback" not in err
