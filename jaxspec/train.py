@@ -250,6 +250,7 @@ class Trainer:
         self.step = 0
         self.losses: list[float] = []
         self._pending: list = []
+        self.diverged: int | None = None     # the first step whose loss was not finite: nothing is saved after it
         self.ckpt_dir = Path(ckpt_dir).absolute() if ckpt_dir else None
         self._mgr = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
@@ -293,9 +294,18 @@ class Trainer:
                 "steps_asked": self.steps_asked, "config": self.config}
 
     def save(self):
+        """Checkpoint the current step, unless training has diverged (a non-finite loss, or params): the last good
+        checkpoint is kept as the newest, so that it is the one a rerun resumes and Orbax's max_to_keep never
+        deletes it for a diverged one."""
         self.flush()
         mgr = self._manager()
         if mgr is None or (mgr.latest_step() == self.step):
+            return
+        if self.diverged is None and not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(self.params)):
+            self.diverged = self.step
+        if self.diverged is not None:
+            log(f"{self.name}: not saving step {self.step}: training diverged at step {self.diverged}; the last "
+                f"checkpoint in {self.ckpt_dir} is kept" + (f" (step {mgr.latest_step()})" if mgr.all_steps() else ""))
             return
         import orbax.checkpoint as ocp
         # The step's metadata first: a step that exists always has its own (an interrupt in between leaves only
@@ -387,19 +397,34 @@ class Trainer:
         return loss
 
     def flush(self) -> list[float]:
-        """Wait for the steps dispatched so far; move their losses to `self.losses`; raise on a non-finite one."""
+        """Wait for the steps dispatched so far; move their losses to `self.losses`; raise on a non-finite one
+        (FloatingPointError; `diverged` is then set, and `save` saves nothing more)."""
         got = [float(x) for x in jax.device_get(self._pending)]
         first = self.step - len(got)
         self._pending = []
         self.losses += got
         for i, loss in enumerate(got):
             if not math.isfinite(loss):
-                raise FloatingPointError(f"{self.name}: loss {loss} at step {first + i + 1}")
+                self.diverged = first + i + 1 if self.diverged is None else self.diverged
+                raise FloatingPointError(f"{self.name}: loss {loss} at step {first + i + 1}: training diverged")
         return got
 
+    def snapshot(self):
+        """The params, optimizer state, step and losses, copied to the host, for `rewind`."""
+        self.flush()
+        host = jax.tree.map(np.array, (self.params, self.opt_state))     # copies: the device arrays get donated
+        return host, self.step, list(self.losses)
+
+    def rewind(self, snap) -> None:
+        """Back to `snapshot` `snap`: its params, optimizer state, step and losses."""
+        (params, opt_state), self.step, losses = snap
+        self.losses = list(losses)
+        rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.params, self.opt_state = jax.device_put(params, rep), jax.device_put(opt_state, rep)
+
     def run(self, deadline: float | None = None, max_steps: int | None = None, save: bool = True) -> list[float]:
-        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint on exit
-        (unless not `save`).
+        """Train until `steps` (or `max_steps` more steps, or the wall-clock `deadline`); checkpoint every
+        `ckpt_every` steps and on exit (neither when not `save`).
         The next batch is read and sent to the devices on a host thread while the current step runs, and
         the host waits for the devices only every `log_every` steps."""
         from concurrent.futures import ThreadPoolExecutor
@@ -422,7 +447,7 @@ class Trainer:
                         rate = (self.step - s0) / max(time.perf_counter() - t0, 1e-9)
                         log(f"{self.name}: step {self.step}/{self.steps} loss {np.mean(self.losses[-self.log_every:]):.4f} "
                             f"|g| {float(gnorm):.3f} lr {float(lr):.2e} ({rate:.1f} steps/s)")
-                    if self.ckpt_every and self.step % self.ckpt_every == 0 and self.step < stop:
+                    if save and self.ckpt_every and self.step % self.ckpt_every == 0 and self.step < stop:
                         self.save()
                     if deadline is not None and time.time() > deadline:
                         log(f"{self.name}: time budget reached at step {self.step}/{self.steps}")
@@ -457,14 +482,17 @@ class Trainer:
 
 def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 20, cap: int | None = None) -> int:
     """Time `probe` steps of the training loop after the compiling first one and return how many steps fit
-    in `seconds` (counting those already run). The probe steps use the trainer's schedule for its current
-    `steps`; callers set `steps` to a generous upper bound first, so warm-up is unaffected."""
+    in `seconds` (counting those already run). The probe saves no checkpoint, and the trainer is then rewound
+    to where it was (params, optimizer state, step, losses): its steps ran on the schedule of the trainer's
+    `steps` before calibration, so the calibrated run starts as a plain run of that many steps would."""
     t_start = time.perf_counter()
+    start = trainer.snapshot()
     float(trainer.run_step())                            # compiles
     trainer.flush()
     t1 = time.perf_counter()
     trainer.run(max_steps=probe, save=False)             # the loop as it runs: batches made while steps run
     per = (time.perf_counter() - t1) / probe
+    trainer.rewind(start)
     left = seconds - (time.perf_counter() - t_start)
     n = trainer.step + max(int(left / max(per, 1e-6)), 1)
     n = min(n, cap) if cap else n
@@ -673,9 +701,10 @@ class FeatureCache:
                 mm("taps.f16", np.float16, (n, w, k, d)))
 
     def build(self, target: Qwen35, stream: np.ndarray, tap_ids, window: int, n_windows: int, seed: int,
-              batch: int = 32, deadline: float | None = None) -> int:
+              batch: int = 32, deadline: float | None = None, extend: bool = True) -> int:
         """Teacher-force the target over n_windows windows of the stream (random, non-overlapping); returns
-        the number of windows done (fewer when the wall-clock deadline comes first; a later call resumes)."""
+        the number of windows done (fewer when the wall-clock deadline comes first; a later call resumes). Not
+        `extend`: a cache of these windows that has any is kept as it is (a drafter trains on it already)."""
         starts = corpus_windows(stream, window, seed)[:n_windows]
         want = {"windows": int(len(starts)), "window": int(window), "n_taps": len(tap_ids),
                 "hidden": int(target.cfg.hidden_size), "taps": list(map(int, tap_ids)), "seed": int(seed),
@@ -683,6 +712,11 @@ class FeatureCache:
                 "target": model_fingerprint(target)}
         if self.meta is not None and self.meta.get("target", want["target"]) != want["target"]:
             log(f"features: {self.path} holds another target's features; making them again")
+        if self.meta is not None and all(self.meta.get(k) == v for k, v in want.items()) and self.done \
+                and not extend:
+            log(f"features: kept at {self.done}/{len(starts)} windows in {self.path}, not extended: a drafter "
+                f"trains on them")
+            return self.done
         if self.meta is None or any(self.meta.get(k) != v for k, v in want.items()):
             self.path.mkdir(parents=True, exist_ok=True)
             self.meta = dict(want, done=0)
@@ -977,11 +1011,11 @@ def greedy_generate(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int
 
 
 def greedy_sequences(model: Qwen35, prompts: np.ndarray, max_new: int, batch: int, path: Path,
-                     deadline: float | None = None) -> np.ndarray:
+                     deadline: float | None = None, extend: bool = True) -> np.ndarray:
     """`greedy_generate` in chunks of `batch` prompts, the sequences so far saved to `path` (.npy) after each
     chunk, so a rerun with the same prompts and target continues where an interrupted one stopped (the
     target's fingerprint is kept beside it, in path.with_suffix(".json")). Stops early (fewer sequences) at
-    the wall-clock `deadline`."""
+    the wall-clock `deadline`. Not `extend`: sequences found there are returned as they are, none added."""
     n, p = prompts.shape
     seqs = np.zeros((0, p + max_new), np.int32)
     meta_path = path.with_suffix(".json")
@@ -994,6 +1028,9 @@ def greedy_sequences(model: Qwen35, prompts: np.ndarray, max_new: int, batch: in
                 f"starting over")
         elif prev.shape[1] == p + max_new and len(prev) <= n and np.array_equal(prev[:, :p], prompts[:len(prev)]):
             seqs = prev
+            if not extend and len(seqs):
+                log(f"greedy: kept at {len(seqs)}/{n} sequences in {path}, not extended: a drafter trains on them")
+                return seqs
             log(f"greedy: resuming at {len(seqs)}/{n} sequences from {path}")
     if len(seqs) < n:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1584,7 +1621,8 @@ def run_pair(args) -> int:
         win = s.prompt_len + s.gen_new if data == "mixed" else s.d_window   # mixed: one batch shape
         n_win = len(stream) // win if not s.d_windows else min(s.d_windows, len(stream) // win)
         done = cache.build(frozen_target, stream, tuple(s.taps), win, n_win, args.seed + 1,
-                           batch=s.gen_batch // 4 or 1, deadline=at(ends["corpus_" + data]))
+                           batch=s.gen_batch // 4 or 1, deadline=at(ends["corpus_" + data]),
+                           extend=not drafter_begun)      # the drafter's checkpoints were trained on these windows
         positions = win - s.block - (s.prompt_len - 1) + 1
         results["drafter_data"]["corpus"] = {"windows": done, "window": win, "tokens": done * win,
                                              "labels": "target greedy, exact prefix", "seconds": time.time() - t0}
@@ -1593,7 +1631,7 @@ def run_pair(args) -> int:
         t1 = time.time()
         prompts = prompts_from(prompt_docs, s.gen_n, s.prompt_len, args.seed + 1)
         seqs = greedy_sequences(frozen_target, prompts, s.gen_new, s.gen_batch, work / "greedy.npy",
-                                deadline=at(ends["greedy"]))
+                                deadline=at(ends["greedy"]), extend=not drafter_begun)
         results["drafter_data"]["greedy"] = {"sequences": int(len(seqs)), "prompt_len": s.prompt_len,
                                              "generated": s.gen_new, "seconds": time.time() - t1}
         log(f"data: {len(seqs)} greedy continuations of {s.gen_new} tokens in {time.time() - t1:.1f}s")
@@ -1626,7 +1664,9 @@ def run_pair(args) -> int:
                   ckpt_dir=work / "ckpt_drafter", ckpt_every=args.ckpt_every, name="drafter",
                   config={**flags, "--drafter-data": data, "--drafter-layers": s.draft_layers,
                           # a drafter checkpoint made against other target weights is refused, never trained on
-                          "the target (its weights)": model_fingerprint(frozen_target)},
+                          "the target (its weights)": model_fingerprint(frozen_target),
+                          # and one made on other data (a cache made again): the sequences its batches draw from
+                          "the drafter's data (sequences)": [done, n_seq] if data == "mixed" else [done]},
                   new_run="--out (or --work)")
     if not dtr.restore():
         dtr.steps = calibrate_steps(dtr, at(d_end - 0.02) - time.time(), cap=s.d_max_steps)
@@ -1751,6 +1791,10 @@ def check_drafter_flags(args) -> None:
         raise ConfigError(f"--mask-token-id {args.mask_token_id}: must be >= 0")
     if any(t < 0 for t in args.taps or ()):
         raise ConfigError(f"--taps {' '.join(map(str, args.taps))}: layer ids must be >= 0")
+    twice = sorted({t for t in args.taps or () if args.taps.count(t) > 1})
+    if twice:
+        raise ConfigError(f"--taps {' '.join(map(str, args.taps))}: layer {twice[0]} is listed twice (each target "
+                          f"layer can be tapped once)")
 
 
 def check_room(args, block: int) -> None:
@@ -1774,6 +1818,20 @@ def out_dir(path, flag: str) -> Path:
     if p is not None:
         raise ConfigError(f"{flag} {path}: {'it' if p == path else p} is a file, not a directory")
     return path
+
+
+def model_dir(path, flag: str) -> Path:
+    """`path`, a model dir to read, refused by a ConfigError naming `flag` when it does not exist or is not a
+    directory."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{flag} {path}: does not exist")
+    if not path.is_dir():
+        raise ConfigError(f"{flag} {path}: is not a directory (expected a model dir)")
+    return path
+
+
+N_TAPS = 3       # drafter --n-taps's default
 
 
 def run_drafter(args) -> int:
@@ -1809,11 +1867,16 @@ def run_drafter(args) -> int:
     log(f"data: {len(docs)} text files ({sum(map(len, docs)) / 1e6:.2f} M tokens)"
         + (f", {args.package_text} of them from installed packages" if args.package_text else ""))
     n_layers, vocab = target.cfg.num_layers, target.cfg.vocab_size
+    top = max(int(d.max()) for d in docs if len(d)) if any(map(len, docs)) else -1
+    if top >= vocab:        # the target would clamp them, the drafter's embedding lookup give NaN
+        raise ConfigError(f"--target {args.target}: its tokenizer gives token id {top} (a vocabulary of at least "
+                          f"{top + 1}), but the model's vocabulary has {vocab} tokens (ids 0..{vocab - 1}); the "
+                          f"tokenizer files must be those the target was trained with")
     if args.init:
         # Continue from an existing drafter: its own architecture, taps and block; the shape flags are unused.
         from convert.drafter import load_draft
         from jaxspec.drafter_config import check_pair
-        drafter = load_draft(args.init, dtype="float32")
+        drafter = load_draft(model_dir(args.init, "--init"), dtype="float32")
         check_pair(drafter.cfg, target.cfg)
         check_room(args, drafter.cfg.block_size)
         init_weights = model_fingerprint(drafter)
@@ -1830,7 +1893,11 @@ def run_drafter(args) -> int:
                               f"(layers 0..{n_layers - 1})")
         if not 0 <= args.mask_token_id < vocab:
             raise ConfigError(f"--mask-token-id {args.mask_token_id}: outside the target's vocabulary (0..{vocab - 1})")
-        taps = tuple(args.taps) if args.taps else spread_taps(n_layers, args.n_taps)
+        most = len(spread_taps(n_layers, n_layers))       # distinct layers between the first and the last two
+        if not args.taps and args.n_taps is not None and args.n_taps > most:
+            raise ConfigError(f"--n-taps {args.n_taps}: the target's {n_layers} layers give at most {most} distinct "
+                              f"taps spread over its depth (--taps may name any of layers 0..{n_layers - 1})")
+        taps = tuple(args.taps) if args.taps else spread_taps(n_layers, args.n_taps or min(N_TAPS, most))
         try:
             dcfg = DrafterConfig(vocab_size=vocab, hidden_size=target.cfg.hidden_size,
                                  intermediate_size=args.ffn or 3 * target.cfg.hidden_size, num_heads=args.heads,
@@ -2034,7 +2101,7 @@ def run_eval(args) -> int:
     if args.draft_dtype is None:
         from jaxspec.dflash import default_draft_dtype
         args.draft_dtype = default_draft_dtype(jax.default_backend(), args.dtype)
-    drafter = load_draft(args.draft, dtype=args.draft_dtype)
+    drafter = load_draft(model_dir(args.draft, "--draft"), dtype=args.draft_dtype)
     tok = load_tokenizer(args.target)
     corpus = None
     if trained is not None:
@@ -2098,9 +2165,11 @@ def parser() -> argparse.ArgumentParser:
                         "of prompts, or both (mixed, the default)")
     a.add_argument("--part-mb", type=int, default=15, help="size of each pair.tar part (default: %(default)s MiB)")
     a.add_argument("--target-width", type=int, default=None,
-                   help="the target's hidden size (default: 256; heads, GDN heads and FFN scale with it, the drafter "
-                        "follows); a wider target writes more confident continuations for the drafter to learn")
-    a.add_argument("--target-layers", type=int, default=None, help="the target's layers (default: 8; >= 4)")
+                   help="the target's hidden size (default: 256, --tiny 32; heads, GDN heads and FFN scale with it, "
+                        "the drafter follows); a wider target writes more confident continuations for the drafter to "
+                        "learn")
+    a.add_argument("--target-layers", type=int, default=None,
+                   help="the target's layers, >= 4 (default: 8, --tiny 4)")
     a.add_argument("--vocab", type=int, default=None,
                    help="the byte-level BPE's vocabulary (default: 4096, --tiny 320; >= 258). A smaller one raises tau "
                         "in tokens but not in characters (1024 tokens: 6.16 characters a DFlash round against 6.32, "
@@ -2147,8 +2216,9 @@ def parser() -> argparse.ArgumentParser:
                    help="its key/value heads, a divisor of --heads (default: %(default)s)")
     d.add_argument("--head-dim", type=int, default=64, help="its head dim, even (default: %(default)s)")
     d.add_argument("--ffn", type=int, default=None, help="MLP width (default: 3 x hidden)")
-    d.add_argument("--n-taps", type=int, default=3,
-                   help="target layers to tap, spread over its depth, unless --taps (default: %(default)s)")
+    d.add_argument("--n-taps", type=int, default=None,
+                   help=f"target layers to tap, spread over layers 1..L-2 of its L, at most L - 2, unless --taps "
+                        f"(default: {N_TAPS}, or L - 2 where that is fewer)")
     d.add_argument("--taps", type=int, nargs="*", help="target layer ids to tap (default: --n-taps spread uniformly)")
     d.add_argument("--mask-token-id", type=int, required=True,
                    help="the token id filling a block's drafted slots: one of the target's vocabulary (required; "
@@ -2200,7 +2270,9 @@ def parser() -> argparse.ArgumentParser:
                    help="training steps (default: %(default)s). A rerun into the same --out resumes; with another "
                         "--steps it trains on to that many, on the schedule of a run of that many steps")
     d.add_argument("--lr", type=float, default=6e-4,
-                   help="peak learning rate of AdamW (linear warm-up, cosine decay), > 0 (default: %(default)s)")
+                   help="peak learning rate, > 0: linear warm-up over the first 4%% of --steps, then cosine decay "
+                        "to 10%% of the peak at the last step; AdamW with beta2 0.95, weight decay 0.01 (matrices "
+                        "only) and gradients clipped to global norm 1.0 (default: %(default)s)")
     d.add_argument("--ckpt-every", type=int, default=200,
                    help="checkpoint (OUT/ckpt) every N steps, 0: only at the end; a rerun with the same flags "
                         "resumes from the latest, one with flags that shape the run otherwise is refused (default: "
@@ -2274,6 +2346,11 @@ def main(argv=None) -> int:
         return args.func(args)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except FloatingPointError as e:          # a non-finite loss: the checkpoints before it are kept, none after
+        fix = ("rerun with a lower --lr and a new --out" if args.cmd == "drafter" else
+               "rerun with another --seed and a new --out (or --work)")
+        print(f"error: {e}; the checkpoints before it are kept; {fix}", file=sys.stderr)
         return 2
     except Interrupted as e:                 # Ctrl-C while training: the trainer saved a checkpoint first
         print(e, file=sys.stderr)

@@ -672,6 +672,99 @@ def test_adamw_schedule():
     assert float(train.lr_at(100, 100, o)) == pytest.approx(0.1)
 
 
+def test_adamw_clips_decays_matrices_only_and_corrects_bias():
+    """Two AdamW steps against numpy: the gradients clipped to global norm `clip` (here 5 -> 1), decoupled weight
+    decay on the matrix but not on the vector, m and v divided by 1 - b^t, and lr_at's schedule."""
+    o = train.OptConfig(lr=0.1, warmup=2, min_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.5, clip=1.0)
+    params = {"b": np.array([1.0, -2.0], np.float32), "w": np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)}
+    grads = [{"b": np.array([3.0, 0.0], np.float32), "w": np.array([[0.0, 4.0], [0.0, 0.0]], np.float32)},   # |g| 5
+             {"b": np.array([0.1, -0.2], np.float32), "w": np.array([[0.2, 0.0], [-0.1, 0.3]], np.float32)}]
+    steps = 10
+    got, opt = jax.tree.map(jnp.asarray, params), train.adamw_init(params)
+    want = {k: v.astype(np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in want.items()}
+    v = {k: np.zeros_like(x) for k, x in want.items()}
+    for step, g in enumerate(grads):
+        got, opt, gnorm, lr = train.adamw_update(got, jax.tree.map(jnp.asarray, g), opt, step, steps, o)
+        norm = np.sqrt(sum(np.sum(np.square(x.astype(np.float64))) for x in g.values()))
+        scale = min(1.0, o.clip / (norm + 1e-6))
+        frac = min(max((step - o.warmup) / (steps - o.warmup), 0.0), 1.0)
+        want_lr = o.lr * min((step + 1) / o.warmup, 1.0) * (
+            o.min_lr_frac + (1 - o.min_lr_frac) * 0.5 * (1 + np.cos(np.pi * frac)))
+        t = step + 1
+        for k in want:
+            gk = g[k] * scale
+            m[k] = o.b1 * m[k] + (1 - o.b1) * gk
+            v[k] = o.b2 * v[k] + (1 - o.b2) * gk ** 2
+            u = (m[k] / (1 - o.b1 ** t)) / (np.sqrt(v[k] / (1 - o.b2 ** t)) + o.eps)
+            decay = o.weight_decay * want[k] if want[k].ndim >= 2 else 0.0
+            want[k] = want[k] - want_lr * (u + decay)
+        assert float(gnorm) == pytest.approx(norm, rel=1e-6) and float(lr) == pytest.approx(want_lr, rel=1e-6)
+        for k in want:
+            np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} step {t}")
+    assert norm < o.clip             # the 2nd step unclipped: its m and v mix clipped and unclipped gradients
+
+
+def _quadratic_trainer(ck, batch_at, steps=10, ckpt_every=2):
+    """A Trainer of one 2x2 matrix whose loss is sum(w^2) x batch["s"][0]: steps in milliseconds."""
+    return train.Trainer(lambda p, frozen, b: jnp.sum(p["w"] ** 2) * b["s"][0], {"w": jnp.ones((2, 2))}, (),
+                         batch_at, steps=steps, opt=train.OptConfig(lr=0.1, warmup=1), ckpt_dir=ck,
+                         ckpt_every=ckpt_every, log_every=1, name="t")
+
+
+def test_a_diverged_run_keeps_its_last_good_checkpoint(tmp_path, capsys):
+    """A non-finite loss (step 5 here) raises FloatingPointError and saves nothing more: the run's exit saved the
+    NaN params as the newest checkpoint, which a rerun resumed, and with Orbax's max_to_keep 2 the good ones were
+    deleted. Params that are not finite are not saved either."""
+    ck = tmp_path / "ck"
+    batch_at = lambda step: {"s": np.full((1,), np.nan if step == 4 else 1.0, np.float32)}
+    ckpts = lambda: sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit())
+    tr = _quadratic_trainer(ck, batch_at)
+    with pytest.raises(FloatingPointError, match="t: loss nan at step 5"):
+        tr.run()
+    assert ckpts() == [2, 4] and sorted(p.name for p in (ck / "meta").iterdir()) == ["2.json", "4.json"]
+    assert "t: not saving step 5: training diverged at step 5" in capsys.readouterr().err
+    again = _quadratic_trainer(ck, batch_at)
+    assert again.restore() and again.step == 4 and np.isfinite(np.asarray(again.params["w"])).all()
+    with pytest.raises(FloatingPointError, match="at step 5"):
+        again.run()
+    assert ckpts() == [2, 4]
+    ok = _quadratic_trainer(ck, lambda step: {"s": np.ones((1,), np.float32)})
+    assert ok.restore() and ok.step == 4
+    ok.params = {"w": ok.params["w"] * np.nan}                 # params gone NaN with a finite loss
+    ok.step = 6
+    ok.save()
+    assert ckpts() == [2, 4] and "not saving step 6: training diverged at step 6" in capsys.readouterr().err
+
+
+def test_calibration_probe_saves_nothing_and_leaves_no_state(tmp_path):
+    """calibrate_steps's probe (--time-budget-s) writes no checkpoint (its periodic saves recorded the uncalibrated
+    schedule, and a kill after it resumed them), and the trainer is rewound, so the calibrated run is a plain run of
+    that many steps; a Ctrl-C in the probe saves nothing, as Interrupted says."""
+    import signal
+    batch_at = lambda step: {"s": np.full((1,), 1.0 + 0.1 * step, np.float32)}
+    tr = _quadratic_trainer(tmp_path / "ck", batch_at, steps=10_000)
+    n = train.calibrate_steps(tr, 1.0, probe=4, cap=8)
+    assert n == 8 and tr.step == 0 and tr.losses == [] and not (tmp_path / "ck").exists()
+    np.testing.assert_array_equal(np.asarray(tr.params["w"]), np.ones((2, 2)))
+    tr.steps, tr.warmup = n, 1
+    plain = _quadratic_trainer(tmp_path / "plain", batch_at, steps=n)
+    assert tr.run() == plain.run()
+    np.testing.assert_array_equal(np.asarray(tr.params["w"]), np.asarray(plain.params["w"]))
+    probed = _quadratic_trainer(tmp_path / "ck2", batch_at, steps=10_000)
+    step_fn = probed._step_fn
+
+    def step(*args):
+        out = step_fn(*args)
+        if int(args[4]) == 3:
+            signal.raise_signal(signal.SIGINT)
+        return out
+    probed._step_fn = step
+    with pytest.raises(train.Interrupted, match="interrupted at step 4; no checkpoint saved") as e:
+        train.calibrate_steps(probed, 1.0, probe=6)
+    assert e.value.saved is None and not (tmp_path / "ck2").exists()
+
+
 # ------------------------------------------------------------------------------------------------
 # Export -> load round trips, PNG
 
@@ -759,15 +852,34 @@ def test_write_atomic_leaves_the_old_file_whole(tmp_path, monkeypatch):
     assert f.read_text() == "new text" and [p.name for p in tmp_path.iterdir()] == ["curve.png"]
 
 
-def test_loss_curve_png(tmp_path):
-    from jaxspec.plot import loss_curve_png
-    loss_curve_png(tmp_path / "c.png", list(np.exp(-np.arange(200) / 50) + 0.1 * np.random.default_rng(0).random(200)))
-    data = (tmp_path / "c.png").read_bytes()
+def _png_pixels(data: bytes) -> np.ndarray:
+    """The [400, 640, 3] pixels of a loss_curve_png PNG (one IDAT chunk, every row of filter 0)."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     idat = data.index(b"IDAT")
     n = int.from_bytes(data[idat - 4:idat], "big")
     raw = zlib.decompress(data[idat + 4:idat + 4 + n])
     assert len(raw) == 400 * (1 + 640 * 3)
+    rows = np.frombuffer(raw, np.uint8).reshape(400, 1 + 640 * 3)
+    assert not rows[:, 0].any()
+    return rows[:, 1:].reshape(400, 640, 3)
+
+
+def test_loss_curve_png(tmp_path):
+    """The PNG shows the curve: blue in every column of the plot area (left 60, right 10, top 10, bottom 30 px), high
+    where the loss is high; the smoothed curve in dark blue; and another curve gives another image."""
+    from jaxspec.plot import loss_curve_png
+    down = np.exp(-np.arange(200) / 50) + 0.1 * np.random.default_rng(0).random(200)
+    loss_curve_png(tmp_path / "c.png", list(down))
+    img = _png_pixels((tmp_path / "c.png").read_bytes()).astype(int)
+    area = img[10:370, 61:631]                                       # inside the axes
+    blue = (area[..., 2] > area[..., 0] + 40)                        # the raw (light) and smoothed (dark) curves
+    assert blue.any(0).all(), "a column of the plot area has no curve"
+    assert (np.abs(area - (20, 40, 160)).sum(-1) == 0).sum() > 300    # the smoothed curve
+    rows = [np.flatnonzero(blue[:, x]).mean() for x in range(blue.shape[1])]
+    assert np.mean(rows[:20]) < 60 and np.mean(rows[-20:]) > 250, (np.mean(rows[:20]), np.mean(rows[-20:]))
+    loss_curve_png(tmp_path / "up.png", list(down[::-1]))
+    up = _png_pixels((tmp_path / "up.png").read_bytes()).astype(int)[10:370, 61:631]
+    assert (up != area).any(-1).sum() > 1000
 
 
 def test_help():
@@ -876,6 +988,24 @@ def test_pair_rerun_keeps_a_deadline_cut_target_once_the_drafter_has_begun(fast_
     fingerprint = train.model_fingerprint(load_target(work / "pair" / "target", dtype="float32"))
     assert train.model_fingerprint(load_target(work / "pair" / "target", dtype="float32")) == fingerprint
     assert train.newest_meta(work / "ckpt_drafter")["config"]["the target (its weights)"] == fingerprint
+
+
+def test_pair_rerun_keeps_the_data_a_drafter_checkpoint_was_trained_on(fast_pair, tmp_path, capsys):
+    """Once the drafter has a checkpoint, a rerun does not extend its deadline-cut feature cache (4 -> 8 windows:
+    the resumed drafter trained on other data than its checkpoint's, and results.json misreported it): the cache is
+    kept, said in one line, and the data's size is in the checkpoint's config."""
+    out = _copy_of(fast_pair, tmp_path)
+    work = out / "work"
+    done = json.loads((work / "features" / "meta.json").read_text())["done"]
+    before = json.loads((out / "results.json").read_text())["drafter_data"]
+    capsys.readouterr()
+    assert train.main([*FAST_PAIR, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"features: kept at {done}/" in err and f"drafter: resumed from {work / 'ckpt_drafter'}" in err, err
+    assert json.loads((work / "features" / "meta.json").read_text())["done"] == done
+    after = json.loads((out / "results.json").read_text())["drafter_data"]
+    assert after["corpus"]["windows"] == before["corpus"]["windows"] == done and after["epochs"] == before["epochs"]
+    assert train.newest_meta(work / "ckpt_drafter")["config"]["the drafter's data (sequences)"] == [done]
 
 
 def test_pair_rerun_refuses_a_drafter_checkpoint_made_against_other_target_weights(fast_pair, tmp_path, capsys):
@@ -1297,6 +1427,8 @@ def drafter_args(root, out, *extra):
     (["--window", "6"], "the least is 7"), (["--data", "greedy", "--sequences", "0"], "--sequences 0: must be >= 1"),
     # these need the target or the text
     (["--taps", "0", "99"], "--taps 0 99: 99 is not a layer of the target (layers 0..3)"),
+    (["--taps", "1", "1"], "--taps 1 1: layer 1 is listed twice"),
+    (["--n-taps", "10"], "--n-taps 10: the target's 4 layers give at most 2 distinct taps"),
     (["--mask-token-id", "320"], "--mask-token-id 320: outside the target's vocabulary (0..319)"),
     (["--data", "greedy", "--prompt-len", "100000"], "--text: no document longer than 100001 tokens (--prompt-len "
                                                      "100000)"),
@@ -1308,6 +1440,54 @@ def test_drafter_refuses_bad_numbers_up_front(cli_target, tmp_path, capsys, flag
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_drafter_refuses_token_ids_outside_the_targets_vocabulary(cli_target, tmp_path, capsys):
+    """A --target dir whose tokenizer has more tokens (400) than the model's vocabulary (320): exit 2 naming the
+    dir and both sizes (the target clamped the ids, the drafter's embedding lookup gave NaN)."""
+    import shutil
+    tgt = tmp_path / "tgt"
+    shutil.copytree(cli_target / "tgt", tgt)
+    texts = [f"import os\nclass C{i}:\n    def m(self, x):\n        return x * {i} + os.sep\n\n" * 10
+             for i in range(40)]
+    train.save_tokenizer(train.train_tokenizer(texts, 400), tgt)
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.py").write_text("".join(texts))
+    args = drafter_args(cli_target, tmp_path / "o", "--steps", "2")
+    args[args.index("--target") + 1], args[args.index("--text") + 1] = str(tgt), str(tmp_path / "text")
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--target {tgt}: its tokenizer gives token id 3" in err and "(a vocabulary of at least " in err, err
+    assert "but the model's vocabulary has 320 tokens (ids 0..319)" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_drafter_and_eval_name_a_missing_init_or_draft(cli_target, tmp_path, capsys):
+    """--init or --draft at a path that does not exist, or at a file: exit 2 naming the flag and which (it was
+    "<path>: not a directory" either way)."""
+    (tmp_path / "f").write_text("x")
+    for path, why in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "f", "is not a directory")):
+        assert train.main(drafter_args(cli_target, tmp_path / "o", "--init", str(path))) == 2
+        assert f"error: --init {path}: {why}" in capsys.readouterr().err
+        assert train.main(["eval", "--target", str(cli_target / "tgt"), "--draft", str(path), "--text",
+                           str(cli_target / "text"), "--out", str(tmp_path / "r.json")]) == 2
+        assert f"error: --draft {path}: {why}" in capsys.readouterr().err
+
+
+def test_drafter_that_diverges_exits_2_keeping_its_finite_checkpoints(cli_target, tmp_path, capsys):
+    """A NaN loss (--lr 1e30): exit 2 with one line naming the step and --lr (it was a traceback, rc 1), and no
+    checkpoint holds a non-finite loss (the NaN state was saved as the newest, and resumed by a rerun)."""
+    out = tmp_path / "o"
+    assert train.main(drafter_args(cli_target, out, "--lr", "1e30", "--ckpt-every", "10", "--steps", "30")) == 2
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("error:"))
+    assert "Traceback" not in err and "training diverged; the checkpoints before it are kept" in line, err
+    assert "rerun with a lower --lr and a new --out" in line
+    step = int(line.split(" at step ")[1].split(":")[0])
+    for meta in (out / "ckpt" / "meta").glob("*.json"):
+        m = json.loads(meta.read_text())
+        assert m["step"] < step and all(np.isfinite(m["losses"])), (meta, m["losses"])
+    assert not (out / "drafter").exists()
 
 
 def test_drafter_refuses_a_text_dir_without_text_files(cli_target, tmp_path, capsys):
@@ -1509,6 +1689,22 @@ def test_a_failed_export_or_pack_leaves_the_previous_one_whole(tmp_path, monkeyp
     import tarfile
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tf:
         assert tf.getnames() == ["demo", "demo/a.bin"]
+
+
+def test_help_states_the_tiny_sizes_and_the_drafters_optimizer():
+    """pair --target-width / --target-layers say what --tiny gives, and drafter --lr the schedule and AdamW's
+    settings, as the code has them."""
+    import argparse
+    sub = next(a for a in train.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {(name, a.option_strings[0]): a.help for name, p in sub.choices.items() for a in p._actions
+             if a.option_strings}
+    tiny, full = train.tiny_sizes().target, train.full_sizes().target
+    assert f"default: {full.hidden_size}, --tiny {tiny.hidden_size}" in helps["pair", "--target-width"]
+    assert f"default: {full.num_layers}, --tiny {tiny.num_layers}" in helps["pair", "--target-layers"]
+    o, lr = train.OptConfig(), helps["drafter", "--lr"] % {"default": 6e-4}
+    for said in ("warm-up over the first 4% of --steps", f"cosine decay to {o.min_lr_frac:.0%} of the peak",
+                 f"beta2 {o.b2}", f"weight decay {o.weight_decay}", f"global norm {o.clip}"):
+        assert said in lr, (said, lr)
 
 
 def test_every_flag_has_help_and_says_its_default():
