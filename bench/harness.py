@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 
 from bench import profile
-from bench.cli import StagedResult, at_least, writable_file
+from bench.cli import StagedResult, at_least, writable_file, write_json
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.provenance import git_info
@@ -87,14 +87,15 @@ def resolve_config(name: str, dtype: str) -> tuple[str, TargetConfig]:
 
 # ---------------------------------------------------------------------------------------------- timing
 
-def parse_contexts(ap, flag: str, text: str) -> list[int]:
-    """Positive token counts from a comma-separated flag value, or the parser's error naming the flag."""
+def parse_contexts(ap, flag: str, text: str, what: str = "token counts") -> list[int]:
+    """Positive integers (`what` they count) from a comma-separated flag value, or the parser's error naming the
+    flag."""
     try:
         contexts = [int(c) for c in text.split(",") if c]
     except ValueError:
         ap.error(f"{flag}: expected integers separated by commas, got {text!r}")
     if not contexts or min(contexts) < 1:
-        ap.error(f"{flag}: expected positive token counts, got {text!r}")
+        ap.error(f"{flag}: expected positive {what}, got {text!r}")
     return contexts
 
 
@@ -142,6 +143,7 @@ def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json")
     a = p.parse_args(argv)
+    writable_file(p, "--json", a.json)         # before the timing, not after it
     f32 = jnp.float32
     rows = []
     for n in (int(x) for x in a.sizes.split(",") if x):
@@ -643,7 +645,7 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, contex
     elif args.profile_steps:
         try:
             hlo = compiled.as_text()
-            if dump is not None and context == args.contexts[0]:
+            if dump is not None:        # every traced context's, beside its trace (bench.profile reads the pair)
                 with gzip.open(dump / f"hlo_decode_{context}.txt.gz", "wt") as f:
                     f.write(hlo)
             mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
@@ -735,13 +737,11 @@ def machine_info() -> dict:
 
 
 def write_results(path: str, rows: list, **meta) -> None:
-    """A kernel benchmark's JSON: the device, jax, the commit and the machine, then `meta` and the rows;
-    written to a temporary file and moved into place, so a failed run leaves no half-written file."""
+    """A kernel benchmark's JSON: the device, jax, the commit and the machine, then `meta` and the rows; written
+    whole (bench.cli.write_json: its directory made, a failed write leaves no file, the previous one whole)."""
     data = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, git=git_info(), machine=machine_info(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **meta, rows=rows)
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json(path, data)
 
 
 def versions() -> dict:
@@ -787,7 +787,8 @@ def parse_args(argv=None):
     ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="skip optional phases (each context's "
                     "profile and device loop, prefill, breakdown) once this many seconds have passed, listing them "
                     "in the result's 'skipped' (0: never)")
-    ap.add_argument("--dump-dir", default=None, help="write the decode HLO and profile traces here")
+    ap.add_argument("--dump-dir", default=None, help="with --profile-steps: write each context's decode trace and "
+                    "its optimized HLO here (trace_decode_CTX.xplane.pb, hlo_decode_CTX.txt.gz)")
     ap.add_argument("--out", required=True, help="JSON result path, rewritten whole after each phase (see above: "
                     "a finished earlier result there is replaced only by a complete one)")
     ap.add_argument("--log", default=None, help="also append the progress lines to this file")

@@ -1,13 +1,14 @@
 """Charge the kernels of a profiled jitted step to the model's parts (attention, GDN, MLP, ...).
 
-    python -m bench.profile trace.xplane.pb hlo.txt.gz [--steps N | --first-step]
+    python -m bench.profile trace.xplane.pb hlo.txt.gz [--steps N | --first-step] [--device N]
 
 The harness names the parts with jax.named_scope while tracing, so every HLO instruction carries its
 part in its op_name metadata. A kernel is tied to its HLO instruction by the trace's `hlo_op` stat, or,
 inside a CUDA graph (XLA command buffers: hlo_op is then `command_buffer_N`), by the kernel's own name,
 which is the fusion's name with '.' and '-' made '_'. Bytes per kernel are those of the fused
 computation's parameters and result: exact for weight-streaming gemms and elementwise fusions, an upper
-bound for gathers and slices (the embedding lookup counts the whole table).
+bound for gathers and slices (the embedding lookup counts the whole table). A trace of several devices is read
+one device at a time (--device): their kernels run at once, so summed they would be no step's time.
 """
 
 from __future__ import annotations
@@ -356,7 +357,7 @@ def main(argv=None):
     ap.add_argument("--module", default=None, help="only the kernels of HLO modules whose name contains this "
                     "(default: every module in the trace)")
     ap.add_argument("--device", type=at_least(0), default=None,
-                    help="only this device's kernels (a multi-GPU trace has one plane per GPU)")
+                    help="only this device's kernels (a multi-GPU trace has one plane per GPU: needed there)")
     ap.add_argument("--top", type=at_least(0), default=25, help="longest kernels listed")
     ap.add_argument("--json", default=None, help="write the summary here (with the commit, the machine and the date)")
     args = ap.parse_args(argv)
@@ -367,6 +368,8 @@ def main(argv=None):
         ap.error(f"--device {args.device}: the trace has no such device plane; "
                  + (f"its device planes: {', '.join(devices)}" if devices else
                     f"it has none (its planes: {', '.join(planes)}; a host-only trace: leave --device out)"))
+    if args.device is None and len(devices) > 1:     # their kernels run at once: summed, busy would exceed span
+        ap.error(f"the trace has {len(devices)} device planes ({', '.join(devices)}): choose one with --device N")
     hlo = HloIndex(text)
     events, info = load_events(args.xplane, args.module, args.device)
     if args.module and not events:
@@ -391,10 +394,13 @@ def main(argv=None):
         import platform
         import socket
 
+        from bench.harness import versions
         from jaxspec.provenance import git_info
+        from pallas_kernels import dispatch
         write_json(args.json, dict(s, xplane=args.xplane, hlo=args.hlo, steps=args.steps, module=args.module,
-                                   device=args.device, planes=planes, git=git_info(),
-                                   machine=dict(host=socket.gethostname(), python=platform.python_version()),
+                                   device=args.device, planes=planes, git=git_info(), versions=versions(),
+                                   machine=dict(host=socket.gethostname(), python=platform.python_version(),
+                                                jaxspec_flags=dispatch.flags()),
                                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
     return s
 

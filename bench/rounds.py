@@ -13,6 +13,11 @@ the committed prefix and the tree.
 
 Phase timings are back to back (K calls issued, then one sync; per call = total / K), which is how
 they run inside the engine's device loop; rounds run inside the engine's own `while_loop`.
+
+With --out, the result (its dtype and every flag under "settings") is written whole after each phase, marked
+"complete": false until the last is done, as bench.harness does (bench/cli.StagedResult): where --out holds a
+finished earlier result, the phases go to OUT.partial and --out is replaced only when this run completes, so an
+interrupted or failed rerun leaves it whole.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from bench import harness as H
-from bench.cli import at_least, writable_file, write_json
+from bench.cli import StagedResult, at_least, writable_file
 from bench.profile import device_time
 from jaxspec import drafter as DR
 from jaxspec import model as M
@@ -180,7 +185,9 @@ def main(argv=None):
     ap.add_argument("--sampling", default="0",
                     help="the engine's round loops (AR, DFlash, DDTree, MTP) sample at TEMPERATURE[,TOP_K[,TOP_P]] "
                          "(default 0: greedy); the standalone phases stay greedy")
-    ap.add_argument("--out", default=None, help="JSON file, rewritten after every phase (a killed run keeps its data)")
+    ap.add_argument("--out", default=None,
+                    help="JSON file, rewritten after every phase (a killed run keeps its data); a finished one there "
+                         "is replaced only when this run completes (meanwhile: OUT.partial)")
     args = ap.parse_args(argv)
     writable_file(ap, "--out", args.out)
     try:
@@ -191,13 +198,13 @@ def main(argv=None):
     except ValueError as e:
         ap.error(f"--sampling {args.sampling!r}: TEMPERATURE[,TOP_K[,TOP_P]] ({e})")
     groups = {g for g in args.phases.split(",") if g}
+    if groups - {"ar", "dflash", "ddtree", "mtp"}:      # first: a typo is named, not the flags it leaves unmet
+        ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
+                 "choose from ar,dflash,ddtree,mtp")
     if args.trace_ar and "ar" not in groups:
         ap.error("--trace-ar needs the ar group in --phases")
     if args.trace_rounds and not groups & {"dflash", "ddtree"}:
         ap.error("--trace-rounds needs the dflash or ddtree group in --phases")
-    if groups - {"ar", "dflash", "ddtree", "mtp"}:
-        ap.error(f"--phases: unknown group(s) {sorted(groups - {'ar', 'dflash', 'ddtree', 'mtp'})}; "
-                 "choose from ar,dflash,ddtree,mtp")
 
     try:
         if args.config == "demo":
@@ -231,10 +238,13 @@ def main(argv=None):
     if max_len < need:
         ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context {max(contexts)} + 2 + the most "
                  f"of: {'; '.join(f'{what} = {n}' for what, n in room.items())})")
-    result = dict(kind="rounds", config=args.config, context=contexts[0] if len(contexts) == 1 else contexts,
-                  max_len=max_len, block_size=bs, sampling=dataclasses.asdict(sampling), git=H.git_info(),
+    result = dict(kind="rounds", complete=False, config=args.config,
+                  context=contexts[0] if len(contexts) == 1 else contexts, max_len=max_len, block_size=bs,
+                  dtype=args.dtype, sampling=dataclasses.asdict(sampling),
+                  settings={k: v for k, v in vars(args).items() if k != "out"}, git=H.git_info(),
                   machine=H.machine_info(), versions=H.versions(),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    staged = StagedResult(args.out) if args.out else None   # a finished earlier --out stays until this run completes
     # One context: the flat layout of earlier runs ("phases", "vs_ar_step"); several: "contexts" and "ratios"
     # keyed by the context, each against the AR step at that context.
     tables = {c: {} for c in contexts}
@@ -249,7 +259,7 @@ def main(argv=None):
             made[name] = make()
         return made[name]
 
-    def save():
+    def save(final=False):
         for ctx, ctx_ph in tables.items():
             timed = {k: v["median_ms"] for k, v in ctx_ph.items() if isinstance(v, dict) and "median_ms" in v}
             ratios = {}
@@ -261,9 +271,11 @@ def main(argv=None):
                 result.update(ratios)
             else:
                 result.setdefault("ratios", {})[str(ctx)] = ratios
-        if args.out:
-            write_json(args.out, result)
+        if staged:
+            staged.finish(result) if final else staged.save(result)
 
+    if staged and staged.keeps_earlier:
+        log(f"{args.out} holds an earlier result, replaced only when this run completes (until then: {staged.path})")
     log(f"devices {jax.devices()}")
     result["copy"] = H.measure_copy(2.0 if args.config == "real" else 0.01, 5)
     t = time.perf_counter()
@@ -482,7 +494,8 @@ def main(argv=None):
     for ctx in contexts:
         log(f"context {ctx}")
         measure(ctx, tables[ctx])
-    save()
+    result["complete"] = True
+    save(final=True)
     print(json.dumps(result, indent=1))
 
 

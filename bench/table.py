@@ -44,6 +44,7 @@ from bench.cli import at_least, writable_dir, write_json
 from bench.harness import parse_contexts, resolve_config
 from jaxspec.config import ConfigError
 from jaxspec.files import write_atomic
+from jaxspec.provenance import git_info
 from pallas_kernels import dispatch
 
 GOALS = {  # issue #6, at 1K context on one H200
@@ -329,12 +330,16 @@ def main(argv=None) -> int:
     table = compose(rounds, got["attention"], got["prefill"], budget=args.budget, block=block, tau=args.tau,
                     real=args.config == "real", verify=got["verify"], delta_rule=got["delta_rule"])
     meta = next((p for p in got.values() if p and p.get("machine")), {})    # the first part that ran records them
-    git, machine = meta.get("git") or {}, meta.get("machine") or {}
+    # bench.harness (the prefill part) writes commit and dirty at its top level; with no part, this checkout's (the
+    # parts run from it, in this environment)
+    git = meta.get("git") or {k: meta[k] for k in ("commit", "dirty", "source") if k in meta} or git_info()
+    machine = meta.get("machine") or {}
     flags = dispatch.flags()                         # the parts inherit this environment
     table.update(parts=ran, config=args.config, dtype=args.dtype, contexts=contexts, git=git, machine=machine,
                  flags=flags, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    dirty = {True: " (dirty)", False: " (clean)"}.get(git.get("dirty"), "")
     head = (f"# Issue #6 table: {args.config} shape, {args.dtype}, random weights\n\n"
-            f"Commit {git.get('commit', 'unknown')}, {machine.get('device_kind', '?')}, {table['date']}; "
+            f"Commit {git.get('commit', 'unknown')}{dirty}, {machine.get('device_kind', '?')}, {table['date']}; "
             f"`python -m bench.table {' '.join(argv if argv is not None else sys.argv[1:])}`; "
             + (f"with {', '.join(f'{k}={v}' for k, v in flags.items())}." if flags else
                "no JAXSPEC_* flags (every op on its default implementation)."))

@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from bench import harness as H
 from bench import rounds as R
-from bench.cli import StagedResult, at_least, writable_file
+from bench.cli import StagedResult, at_least, writable_dir, writable_file
 from jaxspec import sharding as S
 from jaxspec import tree as trees
 from jaxspec.config import ConfigError
@@ -155,6 +155,7 @@ def time_rounds(cfg, dcfg, mesh, methods, contexts, args, res, save, late):
     jax.block_until_ready((nnx.state(smodel), nnx.state(sdrafter)))
     log(f"timed model made and sharded TP={args.tp} in {time.perf_counter() - t:.1f}s")
     scfg, sdcfg = smodel.cfg, sdrafter.cfg
+    res["layers"] = scfg.num_layers          # the layers of the model timed, as built
     fwd = jax.jit(lambda p, t, s, tr: nnx.merge(nnx.graphdef(smodel), p)(t, s, tr, taps=sdcfg.target_layer_ids)[0])
     params = nnx.state(smodel)
     tree = jnp.zeros((1, args.budget + 1), jnp.int32)
@@ -237,7 +238,16 @@ def main(argv=None):
                     "OUT.partial)")
     args = ap.parse_args(argv)
     writable_file(ap, "--out", args.out)
+    if args.profile:    # a directory, made if missing (was: FileExistsError after the first method's timing)
+        writable_dir(ap, "--profile", args.profile, Path(args.profile))
     contexts = H.parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip() else []
+    known = ["ar", "dflash", f"ddtree{args.budget}", "verify"]
+    methods = args.methods.split(",") if args.methods else known
+    if sorted(set(methods) - set(known)):
+        ap.error(f"--methods {args.methods}: unknown {sorted(set(methods) - set(known))}; choose from {known}")
+    if args.tp > jax.device_count():
+        ap.error(f"--tp {args.tp}: needs {args.tp} devices, but {jax.device_count()} are visible "
+                 f"({jax.default_backend()})")
 
     try:
         _, cfg = H.resolve_config(args.config, args.dtype)
@@ -248,6 +258,14 @@ def main(argv=None):
         cfg = cfg.replace(vocab_size=509, num_heads=8, linear_num_key_heads=4, linear_num_value_heads=8)
     dcfg = (qwen36_27b_dflash(args.dtype) if args.config == "real" else
             R.tiny_drafter(cfg).replace(num_heads=4, num_kv_heads=2, dtype=args.dtype))
+    # Layer counts the models can be built with, checked here (was: a traceback, or exit 1, after minutes).
+    counts = [("--layers", args.layers)] + ([] if args.skip_identity else [("--identity-layers", args.identity_layers)])
+    for flag, layers in counts:
+        if layers > cfg.num_layers:
+            ap.error(f"{flag} {layers}: the {args.config} config has {cfg.num_layers} layers")
+        if 0 < layers < dcfg.n_taps:
+            ap.error(f"{flag} {layers}: the drafter taps {dcfg.n_taps} target layers; give at least that many "
+                     "(0: all)")
     res = dict(kind="tp", config=args.config, tp=args.tp, contexts=contexts, budget=args.budget, dtype=args.dtype,
                layers=args.layers or cfg.num_layers,
                identity_layers=args.identity_layers or cfg.num_layers, identity_dtype=args.identity_dtype,
@@ -268,10 +286,6 @@ def main(argv=None):
             return True
         return False
 
-    known = ["ar", "dflash", f"ddtree{args.budget}", "verify"]
-    methods = args.methods.split(",") if args.methods else known
-    if sorted(set(methods) - set(known)):
-        raise SystemExit(f"--methods {args.methods}: unknown {sorted(set(methods) - set(known))}; choose from {known}")
     try:
         mesh = S.make_mesh(args.tp, 1)
         S.check_target(cfg, args.tp)
@@ -292,12 +306,14 @@ def run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, staged):
     # 1. identity TP = 1 vs TP = N
     if not args.skip_identity:
         icfg, idcfg = identity_configs(cfg, dcfg, args.identity_layers, args.identity_dtype)
+        res["identity_layers"] = icfg.num_layers
         precision = "highest" if args.identity_dtype == "float32" else None
         with jax.default_matmul_precision(precision):
             check_identity(icfg, idcfg, mesh, args, res, save)
 
     if args.layers:  # the timed model from here on
         cfg, dcfg = identity_configs(cfg, dcfg, args.layers, args.dtype)
+    res["layers"] = cfg.num_layers          # the layers the all-reduce plan counts (time_rounds: those it built)
 
     # 2. all-reduces per round at the round's sizes
     bs = dcfg.block_size

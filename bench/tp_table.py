@@ -9,8 +9,9 @@ acceptance for Qwen3.5-27B + DFlash). Verify rows are wall time of back-to-back 
 degrees (the JSONs' device_ms summed a multi-GPU call's kernels over its GPUs before session 13's
 bench.profile.busiest). Then the all-reduce microbench per round.
 
-Refused: inputs of different config, budget, commit, timed layers (--layers) or dtype, and incomplete runs (no
-total_s, or complete: false: interrupted, failed or past bench.tp's deadline).
+Refused: inputs of different config, budget, commit, dirty flag, timed layers (--layers), dtype or JAXSPEC_* flags
+(they did not time the same code), and incomplete runs (no total_s, or complete: false: interrupted, failed or past
+bench.tp's deadline). The header names the commit, dirty or not, and the flags.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ ROOFLINE_MS = 11.9  # ms, one 27B decode step's roofline on one H200 (DESIGN.md 
 
 
 def load(paths):
-    """{tp: merged result} from bench.tp JSONs; refuses incomplete runs and files of another config, budget, commit,
-    layers or dtype (a JSON without layers or dtype: the full model, in a dtype it did not record)."""
+    """({tp: merged result}, what they share) from bench.tp JSONs; refuses incomplete runs and files of another
+    config, budget, commit, dirty flag, layers, dtype or JAXSPEC_* flags (a JSON without layers or dtype: the full
+    model, in a dtype it did not record)."""
     by_tp = {}
     first = None
     for p in paths:
@@ -41,11 +43,13 @@ def load(paths):
         if "total_s" not in r or r.get("complete") is False:
             raise SystemExit(f"{p}: an incomplete bench.tp run (interrupted, failed or past its deadline; "
                              f"skipped: {r.get('skipped', [])}); rerun it")
-        key = (r["config"], r["budget"], r["git"].get("commit"), r.get("layers"), r.get("dtype"))
+        key = (r["config"], r["budget"], r["git"].get("commit"), r["git"].get("dirty"), r.get("layers"),
+               r.get("dtype"), r["machine"].get("jaxspec_flags"))
         if first is None:
             first = (p, key)
         elif key != first[1]:
-            raise SystemExit(f"{p}: (config, budget, commit, layers, dtype) {key} differs from {first[0]}'s {first[1]}")
+            raise SystemExit(f"{p}: (config, budget, commit, dirty, layers, dtype, JAXSPEC_* flags) {key} differs "
+                             f"from {first[0]}'s {first[1]}")
         m = by_tp.setdefault(r["tp"], dict(timings={}, allreduce={}, files=[], machine=r["machine"], date=r["date"]))
         m["files"].append(Path(p).name)
         for ctx, rows in r["timings"].items():
@@ -57,7 +61,7 @@ def load(paths):
 
 
 def table(by_tp, key, tau):
-    config, budget, commit, layers, dtype = key
+    config, budget, commit, dirty, layers, dtype, flags = key
     tps = sorted(by_tp)
     rows = ["ar_round", "verify16", f"verify{budget + 1}", "dflash_round", f"ddtree{budget}_round"]
     names = {"ar_round": "AR round", "verify16": "verify(16)", f"verify{budget + 1}": f"verify({budget + 1})",
@@ -66,7 +70,10 @@ def table(by_tp, key, tau):
     machines = ", ".join(f"TP = {t}: {by_tp[t]['machine'].get('device_count')}x {by_tp[t]['machine'].get('device_kind')}"
                          f" ({', '.join(by_tp[t]['files'])})" for t in tps)
     shape = f"{config} shape" + (f", {layers} layers" if layers else "") + (f", {dtype}" if dtype else "")
-    out = [f"# TP = {' / '.join(map(str, tps))}, {shape}, commit {commit}", "",
+    commit = f"commit {commit}" + {True: " (dirty)", False: " (clean)"}.get(dirty, "")
+    if flags:
+        commit += ", with " + ", ".join(f"{k}={v}" for k, v in flags.items())
+    out = [f"# TP = {' / '.join(map(str, tps))}, {shape}, {commit}", "",
            f"Median ms per round from `bench.tp` ({machines}); made by `bench.tp_table`.",
            f"tok/s: AR 1 token per round; DFlash / DDTree {tau} tokens per round. Roofline of one 27B decode step on "
            f"one H200: {ROOFLINE_MS} ms. Verify rows: wall time of back-to-back calls.", ""]
@@ -97,6 +104,8 @@ def main(argv=None):
     ap.add_argument("--tau", type=float, default=9.18, help="tokens per DFlash / DDTree round for the tok/s columns")
     ap.add_argument("--out", default=None, help="write the markdown here (default: stdout)")
     args = ap.parse_args(argv)
+    if not args.tau > 0:        # (nan too)
+        ap.error(f"--tau: must be > 0, got {args.tau:g}")
     writable_file(ap, "--out", args.out)
     text = table(*load(args.files), args.tau)
     if args.out:

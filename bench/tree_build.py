@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.cli import at_least, write_json, writable_file
-from bench.harness import git_info, machine_info, parse_contexts
+from bench.cli import at_least, writable_dir, writable_file, write_json
+from bench.harness import git_info, machine_info, parse_contexts, versions
 from bench.profile import load_events, trace
 from bench.rounds import back_to_back
 from jaxspec import ddtree
@@ -80,7 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="plain", help="plain and/or materialized (default: %(default)s)")
     args = ap.parse_args(argv)
     writable_file(ap, "--out", args.out)
-    budgets = parse_contexts(ap, "--budgets", args.budgets)   # positive integers, or an error naming the flag
+    if args.hlo_dir:    # a directory, made if missing (was: FileExistsError after the first budget's timing)
+        writable_dir(ap, "--hlo-dir", args.hlo_dir, Path(args.hlo_dir))
+    budgets = parse_contexts(ap, "--budgets", args.budgets, "tree budgets")   # or an error naming the flag
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS):
         raise SystemExit(f"--variants {args.variants!r}: expected some of {', '.join(VARIANTS)}")
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
     root = jnp.ones((1,), jnp.int32)
     res = {"vocab": args.vocab, "depth": args.depth, "backend": jax.default_backend(),
            "device": jax.devices()[0].device_kind, "top_k": ddtree.top_k_method(64 * 64), "git": git_info(),
-           "machine": machine_info(), "runs": {},
+           "machine": machine_info(), "versions": versions(), "runs": {},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for b in budgets:
         trees = {}

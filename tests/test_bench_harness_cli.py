@@ -4,6 +4,7 @@ result (tiny config, CPU)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -165,16 +166,78 @@ def test_profile_refuses_what_it_cannot_honour(trace, tmp_path, capsys):
     _refused(profile.main, [xplane, hlo, "--json", str(tmp_path)], "--json", capsys)
 
 
-def test_profile_json_made_where_asked_with_commit_machine_and_date(trace, tmp_path, capsys):
+def _xspace(path, planes) -> str:
+    """An xplane.pb of empty planes named `planes` (protobuf by hand: XSpace.planes = 1, XPlane.name = 2)."""
+    field = lambda tag, payload: bytes([tag, len(payload)]) + payload      # noqa: E731 (payloads < 128 bytes)
+    path.write_bytes(b"".join(field(0x0A, field(0x12, n.encode())) for n in planes))
+    return str(path)
+
+
+def test_profile_refuses_to_merge_device_planes(trace, tmp_path, capsys):
+    """A trace of several devices without --device: refused naming the planes and the flag (was: every device's
+    kernels summed as one step, busy > span); with --device, that device's kernels."""
+    _, hlo = trace
+    two = _xspace(tmp_path / "two.xplane.pb", ["/device:GPU:0", "/device:GPU:1", "/host:CPU"])
+    line = _refused(profile.main, [two, hlo], "--device", capsys)
+    assert "/device:GPU:0, /device:GPU:1" in line, line
+    assert profile.main([two, hlo, "--device", "1"])["kernels_per_step"] == 0
+    one = _xspace(tmp_path / "one.xplane.pb", ["/device:GPU:0", "/host:CPU"])
+    assert profile.main([one, hlo])["kernels_per_step"] == 0                       # one device: nothing to choose
+
+
+def test_profile_json_made_where_asked_with_commit_machine_and_date(trace, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
     xplane, hlo = trace
     out = tmp_path / "missing" / "p.json"
     s = profile.main([xplane, hlo, "--steps", "2", "--module", "jit", "--json", str(out)])
     d = json.loads(out.read_text())
     assert d["kernels_per_step"] == s["kernels_per_step"] > 0 and d["steps"] == 2
     assert d["git"]["commit"] and d["machine"]["host"] and d["date"].startswith("20") and "/host:CPU" in d["planes"]
+    assert d["versions"]["jax"] == jax.__version__ and d["versions"]["jaxlib"]
+    assert d["machine"]["jaxspec_flags"] == {"JAXSPEC_DDTREE_TOP_K": "count"}
     with pytest.raises(SystemExit):
         profile.main(["--help"])
     text = capsys.readouterr().out
     assert re.search(r"^\s+xplane\s+\S", text, re.M), text                  # the positional has help
     opts = _options(text)
     assert all(opts[f].strip() for f in ("--module", "--top"))
+
+
+def test_write_results_is_whole_or_not_at_all_and_makes_its_directory(tmp_path):
+    """A kernel bench's --json: a failed write leaves no file and no .tmp (was: a half-written OUT.tmp), and a
+    directory yet to be made is made (was: FileNotFoundError after the timing)."""
+    out = tmp_path / "new" / "k.json"
+    harness.write_results(str(out), [{"us": 1.0}], layers=2)
+    d = json.loads(out.read_text())
+    assert d["rows"] == [{"us": 1.0}] and d["layers"] == 2 and d["git"]["commit"] and d["jax"] == jax.__version__
+    with pytest.raises(TypeError):
+        harness.write_results(str(out), [{"us": object()}])
+    assert json.loads(out.read_text()) == d and [p.name for p in out.parent.iterdir()] == ["k.json"]
+
+
+@pytest.mark.parametrize("bench", ["verify", "tree_attention", "tree_delta_rule", "skinny_matmul", "gdn_decode",
+                                   "gdn_tree_inputs"])
+def test_kernel_benches_refuse_an_unwritable_json_before_timing(bench, tmp_path, capsys, monkeypatch):
+    """--json naming a directory or a path under a file: the parser's one line before any timing (was: an error
+    after the whole run, its rows lost)."""
+    mod = importlib.import_module(f"pallas_kernels.{bench}.bench")
+
+    def timed(*a, **k):
+        raise AssertionError("the timing started")
+    for m in (mod, harness):
+        for name in ("time_kernel", "measure_copy", "copy_bandwidth"):
+            if hasattr(m, name):
+                monkeypatch.setattr(m, name, timed)
+    (tmp_path / "f").write_text("")
+    for bad in (str(tmp_path), str(tmp_path / "f" / "k.json")):
+        _refused(mod.main, ["--json", bad], "--json", capsys)
+
+
+def test_harness_dump_dir_has_the_hlo_of_every_context_it_traces(tmp_path):
+    """--dump-dir: each traced context's trace and the optimized HLO that names its kernels (was: the HLO of the
+    first context only, so bench.profile could not read the others' traces)."""
+    d = tmp_path / "dump"
+    harness.main(SMALL + ["--contexts", "16,24", "--profile-steps", "1", "--dump-dir", str(d),
+                          "--out", str(tmp_path / "h.json")])
+    assert sorted(p.name for p in d.iterdir()) == ["hlo_decode_16.txt.gz", "hlo_decode_24.txt.gz",
+                                                   "trace_decode_16.xplane.pb", "trace_decode_24.xplane.pb"]

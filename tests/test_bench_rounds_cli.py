@@ -75,3 +75,37 @@ def test_the_needed_slots_suffice_and_the_json_is_written_whole(tmp_path):
     res = json.loads(out.read_text())
     assert res["max_len"] == 110 and res["phases"]["ar_round_device_loop"]["rounds_per_call"] == 2
     assert [p.name for p in out.parent.iterdir()] == ["r.json"]
+
+
+def test_an_unknown_phase_group_is_named_before_the_trace_flags(capsys, no_run):
+    """--phases ar,dflsh --trace-rounds: the typo is named (was: "--trace-rounds needs the dflash or ddtree group")."""
+    err = refused(["--phases", "ar,dflsh", "--trace-rounds"], capsys)
+    assert "--phases: unknown group(s) ['dflsh']" in err and "--trace-rounds" not in err.splitlines()[-1], err
+
+
+def test_a_rerun_keeps_a_finished_result_and_records_its_settings(tmp_path, monkeypatch):
+    """A rerun that fails after its first phase leaves a finished earlier --out whole (was: overwritten by the AR
+    step's phase) and its own phases in OUT.partial, complete: false, with the dtype and the run's settings; a
+    rerun that completes replaces it (complete: true) and removes OUT.partial."""
+    out = tmp_path / "r.json"
+    out.write_text('{"earlier": "complete"}')
+    argv = ["--context", "16", "--phases", "ar", "--k", "1", "--rounds", "1", "--ar-rounds", "2", "--dtype", "float32",
+            "--max-len", "64", "--out", str(out)]
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(rounds.H, "engine_rounds", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        rounds.main(argv)
+    assert json.loads(out.read_text()) == {"earlier": "complete"}
+    part = json.loads((tmp_path / "r.json.partial").read_text())
+    assert part["complete"] is False and part["phases"]["ar_step"]["k"] == 1 and part["dtype"] == "float32"
+    s = part["settings"]
+    assert (s["k"], s["rounds"], s["ar_rounds"], s["phases"], s["max_len"], s["context"]) == (1, 1, 2, "ar", 64, "16")
+    assert {"budgets", "round_budget", "sampling", "mtp_tokens", "rounds_only", "dtype"} <= set(s)
+
+    monkeypatch.setattr(rounds.H, "engine_rounds", lambda *a, **k: dict(median_ms=1.0))
+    rounds.main(argv)
+    res = json.loads(out.read_text())
+    assert res["complete"] is True and res["phases"]["ar_round_device_loop"] == {"median_ms": 1.0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

@@ -144,6 +144,8 @@ def test_parts_past_the_deadline_leave_rows_unmeasured(tmp_path, capsys, monkeyp
     md = (tmp_path / "table.md").read_text()
     assert "No roofline" in md
     assert t["flags"] == {"JAXSPEC_DDTREE_TOP_K": "count"} and "with JAXSPEC_DDTREE_TOP_K=count." in md
+    # no part ran: the commit of this checkout (the parts would have run from it), with its dirty flag (was: unknown)
+    assert "Commit abc1234 (dirty)," in md and t["git"]["commit"] == "abc1234"
 
 
 @pytest.mark.slow
@@ -213,6 +215,19 @@ def test_only_parts_that_succeed_in_this_run_give_rows(tmp_path, monkeypatch):
     md = (tmp_path / "table.md").read_text()
     assert "stale00" not in md and "OldCard" not in md and "Commit new1111, cpu" in md and "No roofline" in md
     assert not (tmp_path / "rounds.json").exists()
+
+
+def test_the_header_takes_the_commit_of_a_harness_part(tmp_path, monkeypatch):
+    """The prefill part (bench.harness) records commit and dirty at its JSON's top level, not under "git": the header
+    shows them (was: "Commit unknown" when it was the first part with metadata), dirty or clean."""
+    for dirty, shown in ((True, "Commit pre1234 (dirty), cpu"), (False, "Commit pre1234 (clean), cpu")):
+        harness = dict(commit="pre1234", dirty=dirty, source="git", machine={"device_kind": "cpu"})
+        _fake_parts(monkeypatch, {"prefill": (0, harness)})
+        assert table.main(["--parts", "prefill", "--out", str(tmp_path / str(dirty))]) == 0
+        md = (tmp_path / str(dirty) / "table.md").read_text()
+        assert shown in md, md
+        t = json.loads((tmp_path / str(dirty) / "table.json").read_text())
+        assert t["git"] == {"commit": "pre1234", "dirty": dirty, "source": "git"}
 
 
 def test_only_the_tiny_config_times_cpu_sized_kernels(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ def test_bench_tp_tiny(tmp_path):
     assert res["skipped"] == [] and res["identity_layers"] == 2 and res["identity_dtype"] == "float32"
 
 
-def test_bench_tp_layers_and_methods(tmp_path):
+def test_bench_tp_layers_and_methods(tmp_path, capsys):
     """--layers times a model of the first N layers (the all-reduce plan counts them); --methods keeps only
     the rounds named; an unknown method is refused before any work."""
     out = tmp_path / "tp.json"
@@ -38,11 +38,15 @@ def test_bench_tp_layers_and_methods(tmp_path):
     assert rc == 0 and res["layers"] == 2
     assert set(res["timings"]["40"]) == {"ar_round", "verify16", "verify5"}
     assert res["allreduce"]["ar_round"]["ops"] == [{"shape": [1, 1, 64], "count": 5}]
+    # "layers" is read off the model sharded and timed (was: the flag echoed, whatever was built)
+    assert res["allreduce"]["ar_round"]["ops"][0]["count"] == 2 * res["layers"] + 1
     rc = tp.main(["--config", "tiny", "--dtype", "float32", "--tp", "2", "--contexts", "40", "--budget", "4",
                   "--rounds", "2", "--skip-identity", "--methods", "dflash", "--out", str(out)])
     assert rc == 0 and set(json.loads(out.read_text())["timings"]["40"]) == {"dflash_round"}
-    with pytest.raises(SystemExit, match="unknown.*mtp"):
+    with pytest.raises(SystemExit) as e:
         tp.main(["--config", "tiny", "--methods", "ar,mtp", "--skip-identity"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--methods ar,mtp: unknown ['mtp']" in err, err
 
 
 def test_bench_tp_identity_only(tmp_path):
@@ -126,3 +130,32 @@ def test_bench_tp_failed_rerun_keeps_the_old_result(tmp_path, monkeypatch):
     assert json.loads(out.read_text()) == {"earlier": "complete"}
     part = json.loads((tmp_path / "tp.json.partial").read_text())
     assert part["complete"] is False and part["allreduce"] and "total_s" not in part
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """A run that gets past its flags fails the test at once (instead of making models for minutes, then failing)."""
+    def started(*a, **k):
+        raise AssertionError("the run started")
+    monkeypatch.setattr(tp, "log", started)
+    monkeypatch.setattr(tp.R, "random_pair", started)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--layers", "10"], "--layers 10: the tiny config has 4 layers"),                   # was: ConfigError traceback
+    (["--layers", "1"], "--layers 1: the drafter taps 2 target layers"),                # was: exit 1 after the identity
+    (["--identity-layers", "1"], "--identity-layers 1: the drafter taps 2 target layers"),
+    (["--identity-layers", "5"], "--identity-layers 5: the tiny config has 4 layers"),
+    (["--methods", "ar,eagle"], "--methods ar,eagle: unknown ['eagle']"),               # was: exit 1
+    (["--profile", "FILE"], "--profile FILE: "),                                         # was: FileExistsError late
+    (["--tp", "16"], "--tp 16: needs 16 devices")])                                      # was: "--tp 16 --dp 1"
+def test_bench_tp_refuses_what_it_cannot_build_before_any_work(flags, message, tmp_path, capsys, no_model):
+    """Layer counts the config or the drafter's taps cannot take, an unknown method, a --profile path that is a file:
+    the parser's one line naming the flag (exit 2; exit 1 means "tokens differ"), before any model is made."""
+    (tmp_path / "f").write_text("a file, not a directory")
+    flags = [str(tmp_path / "f") if a == "FILE" else a for a in flags]
+    with pytest.raises(SystemExit) as e:
+        tp.main(["--config", "tiny", "--tp", "2", "--contexts", "40", "--budget", "4"] + flags)
+    err = capsys.readouterr().err
+    message = message.replace("FILE", str(tmp_path / "f"))
+    assert e.value.code == 2 and message in err and "Traceback" not in err and "--dp" not in err, err

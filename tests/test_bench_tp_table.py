@@ -77,3 +77,33 @@ def test_table_refuses_an_unwritable_out_in_one_line(tmp_path, monkeypatch, caps
         tp_table.main([a, "--out", where])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--out" in err and "python -m bench.tp_table" in err, err
+
+
+def test_table_refuses_mixed_dirty_flags_or_jaxspec_flags_naming_both_files(tmp_path):
+    """Runs of one commit but another dirty flag or other JAXSPEC_* flags did not time the same code (was: merged
+    silently); the header says dirty and the flags of what it merged."""
+    flags = {"JAXSPEC_TREE_ATTENTION": "reference"}
+    a = result(tmp_path, "a.json", 1, {"1024": {"ar_round": {"median_ms": 16.0}}},
+               git=dict(commit="abc1234", dirty=False), machine=dict(device_count=1, jaxspec_flags={}))
+    for i, extra in enumerate([dict(git=dict(commit="abc1234", dirty=True)),
+                               dict(machine=dict(device_count=2, device_kind="NVIDIA H200", jaxspec_flags=flags))]):
+        b = result(tmp_path, f"b{i}.json", 2, {}, **({"git": dict(commit="abc1234", dirty=False),
+                                                      "machine": dict(device_count=2, jaxspec_flags={})} | extra))
+        with pytest.raises(SystemExit, match=rf"b{i}.json: .*dirty.*JAXSPEC_\* flags.*differs from .*a.json"):
+            tp_table.main([a, b])
+    same = [result(tmp_path, f"c{tp}.json", tp, {"1024": {"ar_round": {"median_ms": 16.0 / tp}}},
+                   git=dict(commit="abc1234", dirty=True), machine=dict(device_count=tp, jaxspec_flags=flags))
+            for tp in (1, 2)]
+    out = tmp_path / "T.md"
+    assert tp_table.main(same + ["--out", str(out)]) == 0
+    head = out.read_text().splitlines()[0]
+    assert "commit abc1234 (dirty)" in head and "JAXSPEC_TREE_ATTENTION=reference" in head, head
+
+
+@pytest.mark.parametrize("tau", ["-5", "0", "nan"])
+def test_table_refuses_a_tau_that_is_not_positive(tmp_path, capsys, tau):
+    a = result(tmp_path, "a.json", 1, {"1024": {"ar_round": {"median_ms": 16.0}}})
+    with pytest.raises(SystemExit) as e:
+        tp_table.main([a, "--tau", tau])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--tau: must be > 0, got {tau}" in err, err

@@ -19,6 +19,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
+from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.gdn_decode import arg_specs, pallas_triton, reference
 
@@ -41,6 +42,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json")
     a = p.parse_args(argv)
+    writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     stack = [arg_specs.make_inputs(i, a.batch, **arg_specs.REAL, dtype=jnp.bfloat16) for i in range(a.layers)]
     moved = sum(int(x.size) * x.dtype.itemsize for x in stack[0]) + 4 * a.batch * 48 * 128 * 3

@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.skinny_matmul import arg_specs, pallas_mosaic, pallas_triton, reference, tiling
 
@@ -101,6 +102,7 @@ def main(argv=None):
                    "comma-separated prefixes (e.g. xla,pallas_mosaic); default: all")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    writable_file(p, "--json", a.json)         # before the timing, not after it
     names = a.shapes.split(",")
     shapes = {**arg_specs.REAL, **arg_specs.FUSED}
     unknown = [s for s in names if s not in shapes]

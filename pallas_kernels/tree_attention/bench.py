@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from bench.cli import writable_file
 from bench.harness import measure_copy, time_kernel, write_results
 from pallas_kernels.tree_attention import arg_specs, pallas_triton, reference
 
@@ -75,6 +76,7 @@ def main(argv=None):
                    "(default_splits), at every prefix and size: the kernel's partials and the jnp combine included")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     copy_bw = copy_bandwidth(a.iters)
     h, kv, hd = arg_specs.REAL_HEADS, arg_specs.REAL_KV_HEADS, arg_specs.REAL_HEAD_DIM

@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
 from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
@@ -70,6 +71,7 @@ def main(argv=None):
     p.add_argument("--impls", default="", help="only these implementations (comma-separated; default: all there are)")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     impls = implementations(a.sweep, on_gpu)
     want = [x for x in a.impls.split(",") if x]

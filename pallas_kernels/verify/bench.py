@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
 from pallas_kernels.verify import api
@@ -40,6 +41,7 @@ def main(argv=None):
                    "(comma-separated; rows 'pallas_triton/sN', each checked against the default's choices; GPU only)")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     copy_bw = copy_bandwidth(a.iters)
     print(f"{jax.devices()[0].device_kind}; copy {copy_bw / 1e12:.2f} TB/s; V = {a.vocab}, fp32 logits", flush=True)
