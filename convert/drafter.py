@@ -15,7 +15,8 @@ from flax import nnx
 from safetensors import safe_open
 
 from convert import store
-from convert.hf import FLOAT_DTYPES, INDEX_NAME, WEIGHTS_NAME, CheckpointError, refuse_converted, scan
+from convert.hf import (DRAFTER_FORMAT, FLOAT_DTYPES, INDEX_NAME, WEIGHTS_NAME, CheckpointError, refuse_converted,
+                        scan)
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
 
@@ -113,7 +114,7 @@ def abstract_drafter(cfg: DrafterConfig):
     return graphdef, nnx.to_flat_state(state)
 
 
-DRAFTER = store.Kind("drafter", "jaxspec-drafter", 1, lambda path, dtype: load_drafter_config(path, dtype=dtype),
+DRAFTER = store.Kind("drafter", DRAFTER_FORMAT, 1, lambda path, dtype: load_drafter_config(path, dtype=dtype),
                      abstract_drafter, writer="save_drafter")
 
 

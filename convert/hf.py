@@ -31,6 +31,7 @@ from jaxspec.model import Qwen35, fuse_params, split_params
 INDEX_NAME = "model.safetensors.index.json"
 WEIGHTS_NAME = "model.safetensors"   # the single-file layout, which transformers prefers to an index beside it
 CONVERTED_META = "jaxspec.json"      # what convert/store.py writes into a converted dir (store.META)
+TARGET_FORMAT, DRAFTER_FORMAT = "jaxspec-target", "jaxspec-drafter"   # its "format": store.TARGET, drafter.DRAFTER
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Stored dtypes we can convert; anything else is a quantized or otherwise foreign checkpoint.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -80,10 +81,9 @@ def refuse_converted(model_dir: Path) -> None:
         fmt = json.loads(meta.read_text()).get("format")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         fmt = None
-    # The formats of convert/store.py TARGET and convert/drafter.py DRAFTER.
     target = f"convert.load_model({str(model_dir)!r}) or `python -m jaxspec.generate --model {model_dir}`"
     drafter = f"convert.load_draft({str(model_dir)!r}) or `python -m jaxspec.generate --draft {model_dir}`"
-    how = {"jaxspec-target": target, "jaxspec-drafter": drafter}.get(
+    how = {TARGET_FORMAT: target, DRAFTER_FORMAT: drafter}.get(
         fmt, f"{target} (a target), {drafter} (a drafter)")
     raise CheckpointError(f"{model_dir}: already converted by jaxspec (it has {CONVERTED_META}, format {fmt!r}), "
                           f"not a Hugging Face checkpoint; there is nothing to convert: load it directly with {how}")

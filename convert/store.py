@@ -33,8 +33,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors.numpy import save_file
 
-from convert.hf import (CONVERTED_META, MTP_FILE, CheckpointError, ShardingSpec, abstract_params, assemble,
-                        has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
+from convert.hf import (CONVERTED_META, MTP_FILE, TARGET_FORMAT, CheckpointError, ShardingSpec, abstract_params,
+                        assemble, has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
 from jaxspec.files import blocking_file, replace_dir
 from jaxspec.model import Qwen35, fuse_params, split_params
@@ -94,7 +94,7 @@ def _target_upgrade(cfg, version: int, values: dict, sharding) -> dict:
     return fuse_params(cfg, values, sharding=lambda path, shape: resolve_sharding(sharding, path, shape))
 
 
-TARGET = Kind("target", "jaxspec-target", 3, lambda path, dtype: load_target_config(path, dtype=dtype),
+TARGET = Kind("target", TARGET_FORMAT, 3, lambda path, dtype: load_target_config(path, dtype=dtype),
               abstract_params, TOKENIZER_FILES, "save_converted", old_versions=(1, 2), old_layout=_target_old_layout,
               upgrade=_target_upgrade)
 FORMAT, VERSION = TARGET.format, TARGET.version
@@ -159,8 +159,15 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
     try:
         _write(kind, model, out_dir, src_dir, config_path, progress, extra)
     except OSError as e:  # a read-only or full disk: the temp dir is gone, `out_dir` untouched
+        if _reading(e, src_dir):
+            raise                 # the source could not be read: not OUT_DIR's fault
         raise _out_dir_error(out_dir, e) from e
     return out_dir
+
+
+def _reading(e: OSError, src_dir: Path) -> bool:
+    """Whether `e` names a file in the source checkpoint (a copy or read of it failed), not one being written."""
+    return e.filename is not None and Path(e.filename).absolute().is_relative_to(src_dir.absolute())
 
 
 def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, progress: bool,

@@ -156,9 +156,10 @@ LOOP_GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla
 # a layer: bench/results/2026-12-04-h200-s46/call2-round-trace/). Forced to one split everywhere, on the H200 at 1K,
 # real 27B shape, means of two: the DDTree(63) round 20.40 -> 20.17 ms, the DFlash round (16 rows) 17.36 -> 17.41,
 # the AR step 13.33 -> 14.13 (bench/results/2026-12-05-h200-s54/force-split-k/). Hence only loops that verify
-# SPLIT_K_ROWS or more nodes a round get it: on an H100, in one lease, means of two, the DDTree(63) round
-# 27.07 -> 26.83 ms with it in that loop alone (bench/results/2026-12-05-h100-s55/split-k-ab/).
-SPLIT_K_ROWS = 64
+# SPLIT_K_NODES or more nodes a round get it: on an H100, in one lease, means of two, the DDTree(63) round
+# 27.07 -> 26.83 ms with it in that loop alone (bench/results/2026-12-05-h100-s55/split-k-ab/). Nodes per sequence,
+# not product rows: the batch is not known when the loop's jit is made (only batch 1 was timed).
+SPLIT_K_NODES = 64
 SPLIT_K_OPTIONS = {"xla_gpu_experimental_force_split_k": 1}
 
 
@@ -170,12 +171,12 @@ def loop_compiler_options(spec: Speculator) -> dict:
     18.15 -> 17.96 ms and DDTree(63) 23.16 -> 22.83 ms with `all` against `ar` (17.49 / 22.38 with calls queued,
     bench/results/2026-12-04-h200-s40/loops/). At XLA's default minimum graph size (5, before session 39) `all` had
     made those two loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/). A loop that
-    verifies SPLIT_K_ROWS or more nodes a round also gets SPLIT_K_OPTIONS, whatever the variable says."""
+    verifies SPLIT_K_NODES or more nodes a round also gets SPLIT_K_OPTIONS, whatever the variable says."""
     mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "all"
     if mode not in ("none", "ar", "all"):
         raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))
-    split = SPLIT_K_OPTIONS if spec.tree_size >= SPLIT_K_ROWS else {}
+    split = SPLIT_K_OPTIONS if spec.tree_size >= SPLIT_K_NODES else {}
     return (LOOP_GRAPH_OPTIONS if on else {}) | split
 
 

@@ -97,11 +97,12 @@ def searched_nucleus_cut(x, top_p: float, ways: int | None = None):
     ways = ways or nucleus_ways()
     key = ordered_key(x)
     e = jnp.exp(x - jnp.max(x, -1, keepdims=True))
-    impl = None if jax.sharding.get_abstract_mesh().empty else "reference"
+    impl = nucleus_mass.resolve()                 # checks JAXSPEC_NUCLEUS_MASS with or without a mesh
+    impl = impl if jax.sharding.get_abstract_mesh().empty else "reference"
     mass_above = lambda t: nucleus_mass.mass_above(key, e, t, implementation=impl)
     lo = jnp.zeros(x.shape[:-1] + (1,), jnp.uint32)                          # below every key: all the mass
     hi = jnp.max(key, -1, keepdims=True)                                       # the top entry: no mass above
-    goal = top_p * mass_above(lo)
+    goal = top_p * jnp.sum(e, -1, keepdims=True)                               # every key is above lo
 
     def narrow(_, bounds):
         lo, hi = bounds

@@ -712,12 +712,12 @@ class FeatureCache:
                 "target": model_fingerprint(target)}
         if self.meta is not None and self.meta.get("target", want["target"]) != want["target"]:
             log(f"features: {self.path} holds another target's features; making them again")
-        if self.meta is not None and all(self.meta.get(k) == v for k, v in want.items()) and self.done \
-                and not extend:
+        same = self.meta is not None and all(self.meta.get(k) == v for k, v in want.items())
+        if same and self.done and not extend:
             log(f"features: kept at {self.done}/{len(starts)} windows in {self.path}, not extended: a drafter "
                 f"trains on them")
             return self.done
-        if self.meta is None or any(self.meta.get(k) != v for k, v in want.items()):
+        if not same:
             self.path.mkdir(parents=True, exist_ok=True)
             self.meta = dict(want, done=0)
             for name, dt, shape in (("tokens.i32", np.int32, (len(starts), window)),

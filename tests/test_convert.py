@@ -1057,3 +1057,25 @@ def test_cli_reports_a_full_disk_and_leaves_nothing_behind(ckpts, tmp_path, caps
     last = err.strip().splitlines()[-1]  # after the progress lines
     assert last.startswith(f"error: {out}: cannot be written: No space left on device: ") and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_source_file_that_cannot_be_read_is_not_blamed_on_out_dir(ckpts, tmp_path, monkeypatch):
+    """The save also copies files from the source (config, tokenizer): an error reading one names that file and is
+    not reported as OUT_DIR being unwritable; nothing is left behind."""
+    import errno
+
+    from convert import store
+    src = ckpts["causal"][0]
+    copy = shutil.copyfile
+
+    def unreadable(a, b, *rest, **kw):
+        if Path(a).name == "config.json" and Path(a).parent == src:
+            raise PermissionError(errno.EACCES, "Permission denied", str(a))
+        return copy(a, b, *rest, **kw)
+
+    model = load_target(src, dtype="float32")
+    monkeypatch.setattr(shutil, "copyfile", unreadable)
+    with pytest.raises(PermissionError) as e:
+        save_converted(model, tmp_path / "out", src)
+    assert not isinstance(e.value, store.OutDirError) and e.value.filename == str(src / "config.json")
+    assert list(tmp_path.iterdir()) == []

@@ -129,21 +129,21 @@ def test_loop_graphs_flag(tiny, monkeypatch):
 
 @pytest.mark.parametrize("graphs_env", ["all", "none"])
 def test_wide_trees_loop_with_one_k_split(tiny, monkeypatch, graphs_env):
-    """A round loop that verifies SPLIT_K_ROWS or more nodes compiles with XLA's split-K forced to one, under either
+    """A round loop that verifies SPLIT_K_NODES or more nodes compiles with XLA's split-K forced to one, under either
     graph setting; narrower trees, chains and AR keep XLA's choice. The options reach the loop's jit; a CPU compiles
     with them (ignored) and decodes AR's tokens."""
-    from jaxspec.engine import AR, SPLIT_K_OPTIONS, SPLIT_K_ROWS, loop_compiler_options
+    from jaxspec.engine import AR, SPLIT_K_OPTIONS, SPLIT_K_NODES, loop_compiler_options
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", graphs_env)
-    for rows in (1, 16, SPLIT_K_ROWS - 1, SPLIT_K_ROWS, 1025):
+    for rows in (1, 16, SPLIT_K_NODES - 1, SPLIT_K_NODES, 1025):
         options = loop_compiler_options(AR(rows))
-        assert (SPLIT_K_OPTIONS.items() <= options.items()) == (rows >= SPLIT_K_ROWS), (rows, options)
+        assert (SPLIT_K_OPTIONS.items() <= options.items()) == (rows >= SPLIT_K_NODES), (rows, options)
         assert ("xla_gpu_enable_command_buffer" in options) == (graphs_env == "all"), (rows, options)
     _, model = tiny
     jit, given = jax.jit, []
     monkeypatch.setattr(jax, "jit", lambda *a, **kw: given.append(kw.get("compiler_options")) or jit(*a, **kw))
-    engine = Engine(model, AR(SPLIT_K_ROWS))
+    engine = Engine(model, AR(SPLIT_K_NODES))
     monkeypatch.setattr(jax, "jit", jit)
-    assert [o for o in given if o] == [loop_compiler_options(AR(SPLIT_K_ROWS))]
+    assert [o for o in given if o] == [loop_compiler_options(AR(SPLIT_K_NODES))]
     prompts = _prompts()[:2]
     assert engine.generate(prompts, 6).tokens == Engine(model).generate(prompts, 6).tokens
 

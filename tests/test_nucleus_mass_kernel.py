@@ -88,20 +88,23 @@ def test_api_empty(impl, lead, vocab, width):
 
 def test_sampling_search_runs_the_flag_and_keeps_the_reference_under_a_mesh(monkeypatch):
     """jaxspec.sampling's top-p search runs each pass through the op: the kernel when JAXSPEC_NUCLEUS_MASS picks it
-    (the total, then the loop's pass, traced once for its 9 passes at 16 ways), the reference under a mesh (the
-    kernel would see one shard's rows whole)."""
+    (the loop's pass, traced once for its 9 passes at 16 ways), the reference under a mesh (the kernel would see
+    one shard's rows whole), where a misspelt flag is refused all the same."""
     from jaxspec.sampling import searched_nucleus_cut
     calls, kernel = [], pallas_triton.mass_above
     monkeypatch.setattr(pallas_triton, "mass_above", lambda *a, **kw: calls.append(a[2].shape) or kernel(*a, **kw))
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 300)).astype(np.float32))
     jax.jit(searched_nucleus_cut, static_argnums=(1, 2)).trace(x, 0.9, 16)
-    assert calls == [(3, 1), (3, 16)], calls
+    assert calls == [(3, 16)], calls
     calls.clear()
     mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     with jax.set_mesh(mesh):
         jax.jit(searched_nucleus_cut, static_argnums=(1, 2)).trace(x, 0.9, 16)
-    assert calls == []
+        assert calls == []
+        monkeypatch.setenv(api.ENV_VAR, "pallas_tritn")
+        with pytest.raises(ValueError, match="JAXSPEC_NUCLEUS_MASS='pallas_tritn'"):
+            jax.jit(searched_nucleus_cut, static_argnums=(1, 2)).trace(x[:2], 0.9, 16)   # a new trace
 
 
 @pytest.mark.parametrize("rows", [15, 64])
