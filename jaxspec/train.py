@@ -1867,11 +1867,7 @@ def run_drafter(args) -> int:
     log(f"data: {len(docs)} text files ({sum(map(len, docs)) / 1e6:.2f} M tokens)"
         + (f", {args.package_text} of them from installed packages" if args.package_text else ""))
     n_layers, vocab = target.cfg.num_layers, target.cfg.vocab_size
-    top = max(int(d.max()) for d in docs if len(d)) if any(map(len, docs)) else -1
-    if top >= vocab:        # the target would clamp them, the drafter's embedding lookup give NaN
-        raise ConfigError(f"--target {args.target}: its tokenizer gives token id {top} (a vocabulary of at least "
-                          f"{top + 1}), but the model's vocabulary has {vocab} tokens (ids 0..{vocab - 1}); the "
-                          f"tokenizer files must be those the target was trained with")
+    check_vocabulary(docs, vocab, args.target)
     if args.init:
         # Continue from an existing drafter: its own architecture, taps and block; the shape flags are unused.
         from convert.drafter import load_draft
@@ -2069,6 +2065,16 @@ def trained_on(results: dict, stdlib_root=None) -> tuple[list[Path], int]:
     return [root / n for n in listed if (root / n).is_file()], len(listed)
 
 
+def check_vocabulary(docs, vocab: int, target) -> None:
+    """Refuse token ids the target's vocabulary does not hold (a tokenizer larger than the model): the target would
+    clamp them, a drafter's embedding lookup give NaN."""
+    top = max((int(d.max()) for d in docs if len(d)), default=-1)
+    if top >= vocab:
+        raise ConfigError(f"--target {target}: its tokenizer gives token id {top} (a vocabulary of at least "
+                          f"{top + 1}), but the model's vocabulary has {vocab} tokens (ids 0..{vocab - 1}); the "
+                          f"tokenizer files must be those the target was trained with")
+
+
 def run_eval(args) -> int:
     from convert.drafter import load_draft
     from convert.store import load_model
@@ -2108,8 +2114,10 @@ def run_eval(args) -> int:
         corpus = text_docs(tok, trained)
         log(f"eval: recitation measured against {len(trained)} of the {listed} stdlib files the target trained on "
             f"({sum(map(len, corpus)) / 1e6:.2f} M tokens)")
+    docs = text_docs(tok, files)
+    check_vocabulary(docs, target.cfg.vocab_size, args.target)
     try:
-        prompts = prompts_from(text_docs(tok, files), args.prompts, args.prompt_len, args.seed)
+        prompts = prompts_from(docs, args.prompts, args.prompt_len, args.seed)
     except ValueError as e:
         raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
     from jaxspec.dflash import block_size_for

@@ -1460,6 +1460,16 @@ def test_drafter_refuses_token_ids_outside_the_targets_vocabulary(cli_target, tm
     assert f"--target {tgt}: its tokenizer gives token id 3" in err and "(a vocabulary of at least " in err, err
     assert "but the model's vocabulary has 320 tokens (ids 0..319)" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+    # eval reads the same tokenizer: refused the same way, before any method runs
+    from jaxspec.export import export_drafter
+    drf = tmp_path / "drf"
+    export_drafter(tiny_drafter((FULL,), block=4), drf, num_target_layers=tiny_target().cfg.num_layers)
+    assert train.main(["eval", "--target", str(tgt), "--draft", str(drf), "--text", str(tmp_path / "text"), "--out",
+                       str(tmp_path / "r.json"), "--prompts", "1", "--prompt-len", "8", "--max-new", "2",
+                       "--budgets", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"--target {tgt}: its tokenizer gives token id 3" in err and "Traceback" not in err, err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_drafter_and_eval_name_a_missing_init_or_draft(cli_target, tmp_path, capsys):
