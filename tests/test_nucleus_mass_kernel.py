@@ -3,7 +3,8 @@
 CPU: the kernel in interpret mode on fresh random rows (ragged vocabularies, one tile or many, 1 to 16
 thresholds, leading batch dims, ties between keys and thresholds, the thresholds 0 and 2^32 - 1); the Triton
 lowering at the real vocabulary for an abstract H200; the search through the kernel equal to the sorted cut.
-GPU (`-m gpu`): the compiled kernel at the real vocabulary. Bound: the sums' relative error < 1e-5 (fp32; only
+GPU (`-m gpu`): the compiled kernel at the real vocabulary; the search with no flag (the kernel, the GPU default)
+equal to the sorted cut there. Bound: the sums' relative error < 1e-5 (fp32; only
 their order of addition differs).
 """
 
@@ -61,7 +62,7 @@ def test_kernel_tuning_variants(seed, block_v, splits):
 
 
 def test_dispatch(monkeypatch):
-    check_dispatch(api, monkeypatch)                   # opt-in until it is timed on the GPU
+    check_dispatch(api, monkeypatch, gpu_default="pallas_triton")
 
 
 @pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
@@ -127,3 +128,23 @@ def test_gpu_kernel_matches_reference(seed, rows, width):
     key, e, t = make_inputs(seed, (rows,), 248320, width)
     out = jax.jit(lambda *a: api.mass_above(*a, implementation="pallas_triton"))(key, e, t)
     assert_matches(out, jax.jit(reference.mass_above)(key, e, t))
+
+
+@on_gpu
+@pytest.mark.parametrize("rows", [15, 64])
+def test_gpu_default_search_keeps_the_nucleus(monkeypatch, rows):
+    """jaxspec.sampling's search with no flag runs the kernel on a GPU, and its cut at the real vocabulary is a
+    value of the row whose float64 mass strictly above is < top_p and at or above >= top_p (the nucleus' smallest
+    kept value, up to the fp32 sums' rounding: 1e-6), on rows of tied values as logits rounded to bf16 have."""
+    from jaxspec.sampling import searched_nucleus_cut
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    assert api.resolve() == "pallas_triton"
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((rows, 248320)) * 3).astype(jnp.bfloat16).astype(np.float32)
+    p64 = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    p64 /= p64.sum(-1, keepdims=True)
+    for p in (0.3, 0.9, 0.99):
+        cut = np.asarray(jax.jit(searched_nucleus_cut, static_argnums=(1, 2))(jnp.asarray(x), p, 16))
+        assert (x == cut).any(-1).all(), f"top_p {p}: a cut is not a value of its row"
+        above, at = (p64 * (x > cut)).sum(-1), (p64 * (x >= cut)).sum(-1)
+        assert (above < p + 1e-6).all() and (at >= p - 1e-6).all(), (p, above.max(), at.min())

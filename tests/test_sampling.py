@@ -34,10 +34,12 @@ CASES = [Sampling(0.7, 20), Sampling(1.3, top_p=0.9), Sampling(0.6, 20, 0.95), S
 def test_log_probs_equal_transformers_warpers(monkeypatch, method, s):
     """Fresh random logits over 5000 tokens (so the staged top-k cuts the row into chunks): the same kept tokens
     as transformers' warpers and the same log-probabilities; top-p cuts between 1 and ~4000 tokens here. "count"
-    runs the transform as a GPU does (counted top-k, top-p alone searched 15 thresholds a pass)."""
+    runs the transform as a GPU does (counted top-k, top-p alone searched 15 thresholds a pass, each pass through
+    pallas_kernels/nucleus_mass's kernel, here in interpret mode)."""
     monkeypatch.setenv(TOP_K_ENV, method)
     if method == "count":
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        monkeypatch.setenv("JAXSPEC_NUCLEUS_MASS", "pallas_interpret")
     rng = np.random.default_rng(zlib.crc32(f"{method} {s}".encode()))
     logits = (rng.standard_normal((6, 5000)) * rng.uniform(0.5, 4.0, (6, 1))).astype(np.float32)
     want = warped(logits, s)

@@ -2,15 +2,16 @@
 
 | implementation     | what                                                         | where by default |
 | ------------------ | ------------------------------------------------------------ | ---------------- |
-| "pallas_triton"    | one read of each row a pass, Triton lowering (pallas_triton) | never (opt-in)   |
-| "reference"        | jnp, a [R, W, V] reduction (what jaxspec.sampling ran)       | everywhere       |
+| "pallas_triton"    | one read of each row a pass, Triton lowering (pallas_triton) | on a GPU         |
+| "reference"        | jnp, a [R, W, V] reduction (what jaxspec.sampling ran)       | elsewhere        |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter                 | never (tests)    |
 
-Opt-in through JAXSPEC_NUCLEUS_MASS (read when jaxspec.sampling's top-p search is traced) until it is timed in
-sampled rounds. Its 4 GPU tests passed on an H100, and the search alone (16 ways, 9 passes, V = 248,320) took 0.26 /
-0.81 ms at 15 / 64 rows with it against 0.37 / 1.23 with the reference (bench/results/2026-12-05-h100-s55/nucleus/,
-`bench/next/k_nucleus.py`). Under a mesh jaxspec.sampling runs the reference, whose sum spans the vocabulary's
-shards.
+The GPU default since session 56: with it, sampled rounds with top-p alone (0.7, 0, 0.9) at 1K, real shape, took
+DDTree(63) 27.80 against 28.75 ms, DFlash 24.38 against 24.80, the AR loop 18.79 against 18.83 (means of two, one
+lease on an H100, bench/results/2026-12-05-h100-s56/nucleus-rounds/), and its GPU tests passed there. The search
+alone (16 ways, 9 passes, V = 248,320) took 0.26 / 0.81 ms at 15 / 64 rows with it against 0.37 / 1.23 with the
+reference (bench/results/2026-12-05-h100-s55/nucleus/, `bench/next/k_nucleus.py`). Under a mesh jaxspec.sampling
+runs the reference, whose sum spans the vocabulary's shards.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
 
 
 def resolve(implementation: str | None = None) -> str:
-    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
+    default = "pallas_triton" if dispatch.on_gpu() else "reference"
+    return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation)
 
 
 def mass_above(key, e, t, *, implementation: str | None = None, **tuning):
