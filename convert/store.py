@@ -143,8 +143,9 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
     Everything goes into a temporary dir next to `out_dir` that is renamed into place at the end, so
     `out_dir` is either the complete result or untouched; the temporary dir is removed on any failure, Ctrl-C
     and SIGTERM included, and temporary dirs that a killed save of the same `out_dir` left behind are removed
-    first. `check_out_dir` says which `out_dir` is refused. `extra(tmp_dir)` writes kind-specific files before
-    the params.
+    first. `check_out_dir` says which `out_dir` is refused; it runs here even when the CLI ran it before the load
+    (a caller of the API may not have, and `out_dir` may have changed during a load of minutes). `extra(tmp_dir)`
+    writes kind-specific files before the params.
     """
     out_dir, src_dir = Path(out_dir).absolute(), Path(src_dir)
     check_out_dir(kind, out_dir, {"source checkpoint": src_dir}, overwrite=overwrite)

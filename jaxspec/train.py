@@ -199,6 +199,12 @@ def refuse_other_config(ckpt_dir: Path, meta: dict, config: dict | None, new_run
                           f"to start another run, or the old flags to resume this one")
 
 
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    """Whether every entry of every leaf of `tree` is finite: one reduction on the device, one value to the host."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] or [jnp.bool_(True)]))
+
+
 class Interrupted(Exception):
     """Training stopped by SIGINT (Ctrl-C) between two steps; `saved`: the checkpoint dir it saved to, or None."""
 
@@ -301,7 +307,7 @@ class Trainer:
         mgr = self._manager()
         if mgr is None or (mgr.latest_step() == self.step):
             return
-        if self.diverged is None and not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(self.params)):
+        if self.diverged is None and not all_finite(self.params):
             self.diverged = self.step
         if self.diverged is not None:
             log(f"{self.name}: not saving step {self.step}: training diverged at step {self.diverged}; the last "
