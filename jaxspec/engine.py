@@ -384,7 +384,7 @@ class Engine:
         n_out = d.n_out + count
         room = state.length + self.spec.tree_size <= state.max_len
         done = d.done | is_stop.any(1) | (n_out >= max_new) | ~room
-        hist = d.hist.at[jnp.arange(b), n].add(jnp.where(d.done, 0, 1))
+        hist = d.hist.at[jnp.arange(b), count].add(jnp.where(d.done, 0, 1))   # emitted: not past a stop or max_new
         state, draft = constrain_state(self.mesh, (state, draft))
         return Decoding(state, draft, jnp.where(d.done, d.pending, bonus), out, n_out, done, key, hist,
                         d.rounds + ~d.done)

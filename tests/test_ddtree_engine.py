@@ -110,8 +110,9 @@ def test_budget_beyond_possible_nodes_and_vocab_below_budget(small_vocab):
     ar = Engine(target).generate(prompts, 30).tokens
     out = Engine(target, DFlash(drafter, target.cfg, budget=60)).generate(prompts, 30)
     assert out.tokens == ar
-    # With every prefix of depth <= 2 in the tree, the greedy continuation is always found.
-    assert out.hist[1:3].sum() == 0 and out.tau == 3.0
+    # With every prefix of depth <= 2 in the tree, the greedy continuation is always found: each round emits 3
+    # tokens, but the last of each sequence, which max_new cuts to 2 (prefill gives 1, then 9 x 3 + 2 = 29).
+    assert out.hist[:4].tolist() == [0, 0, 2, 18] and out.hist[4:].sum() == 0, out.hist
 
 
 def test_stop_token_inside_an_accepted_path(tiny_hf):
@@ -124,6 +125,9 @@ def test_stop_token_inside_an_accepted_path(tiny_hf):
     out = spec.generate(prompts, 40, seed=3)
     assert out.tokens == ar and ar[0][-1] == stop and len(ar[0]) == 18
     assert out.tau > 1.5     # several tokens per round, so the stop token sat inside accepted paths
+    # The histogram counts the tokens each round emitted (none past the stop token or max_new), not the accepted
+    # path's length: over the rounds they add up to every token but prefill's.
+    assert (out.hist * np.arange(len(out.hist))).sum() == out.n_tokens - len(prompts), out.hist
 
 
 def test_context_nearly_full(tiny_hf):
