@@ -17,6 +17,9 @@ from pallas_kernels.verify import api as verify_api
 from pallas_kernels.verify.reference import categorical
 
 
+MIN_TEMPERATURE = 1e-4     # the smallest positive temperature: logits / T stays far inside float32's range
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """temperature 0 means greedy. top_k 0 means no top-k cut; top_p 1.0 no nucleus cut."""
@@ -30,6 +33,8 @@ class Sampling:
             raise ValueError(f"--temperature must be a number, got {self.temperature!r}")
         if not 0.0 <= self.temperature < math.inf:
             raise ValueError(f"--temperature must be >= 0 and finite, got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:   # logits / T would overflow float32 into inf - inf = NaN
+            raise ValueError(f"--temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {self.temperature:g}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
             raise ValueError(f"--top-k must be an integer, got {self.top_k!r}")
         object.__setattr__(self, "top_k", int(self.top_k))      # a numpy integer becomes a plain int

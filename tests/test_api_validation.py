@@ -127,11 +127,15 @@ def test_sampling_needs_a_finite_temperature_and_an_integer_top_k():
                       ({"temperature": float("inf"), "top_k": 5}, "--temperature"),
                       ({"temperature": "0.5"}, "--temperature must be a number"),
                       ({"temperature": 1.0, "top_k": 2.5}, "--top-k must be an integer, got 2.5"),
-                      ({"temperature": 1.0, "top_k": True}, "--top-k must be an integer")):
+                      ({"temperature": 1.0, "top_k": True}, "--top-k must be an integer"),
+                      # logits / 1e-39 overflowed float32: NaN log-probs, and token 0 drawn every time
+                      ({"temperature": 1e-39}, r"--temperature must be 0 \(greedy\) or >= 0.0001, got 1e-39"),
+                      ({"temperature": 5e-5, "top_p": 0.9}, "--temperature must be 0")):
         with pytest.raises(ValueError, match=words):
             Sampling(**kw)
     s = Sampling(temperature=np.float32(0.7), top_k=np.int64(5))
     assert type(s.top_k) is int and s.top_k == 5
+    assert Sampling(temperature=1e-4).temperature == 1e-4
 
 
 def test_stop_ids_outside_the_vocabulary_are_refused(target):
