@@ -520,7 +520,8 @@ def test_first_draft_agreement_is_what_a_dflash_round_accepts():
     seqs = train.greedy_generate(target, prompts, 5, 12)
     conf, agree = train.first_draft_agreement(target, drafter, seqs, 7)      # anchor 7: the first round's
     eng = Engine(target, DFlash(drafter, target.cfg, 4), stop_tokens=())
-    accepted = [bool(eng.generate([list(map(int, p))], 2).hist[2:].sum() > 0) for p in prompts]
+    # Three tokens: prefill's, then the first round's two if it accepted a draft (one round), else one (two rounds).
+    accepted = [int(eng.generate([list(map(int, p))], 3).rounds.sum()) == 1 for p in prompts]
     assert agree.shape == (12, 4) and list(agree[:, 0]) == accepted and conf.shape == (12, 12)
     assert 0 < agree[:, 0].mean() < 1          # both outcomes occur, so the comparison means something
 
