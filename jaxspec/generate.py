@@ -43,6 +43,9 @@ CPU_BLOCK = 8
 # bench/results/2026-12-04-cpu-demo-repeats-session46.log).
 REPEATS = 3
 MTP_TOKENS = 3
+ROUNDS_PER_CALL = 8
+# The flags that size each speculative method's draft (and verified tree), for the out-of-memory advice.
+DRAFT_FLAGS = {"dflash": ("--block-size",), "ddtree": ("--budget", "--block-size"), "mtp": ("--mtp-tokens",)}
 
 
 def default_budget(backend: str) -> int:
@@ -141,8 +144,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"the demo's comparison (no --model, no --method): timed runs of each method, taken in turn; "
                         f"each line gives the median run (default: {REPEATS}). Runs of well under a second on a "
                         "shared CPU vary by tens of percent")
-    p.add_argument("--rounds-per-call", type=int, default=8,
-                   help="decode rounds per compiled call between streamed prints (default: %(default)s)")
+    p.add_argument("--rounds-per-call", type=int, default=None,
+                   help=f"decode rounds per compiled call between streamed prints (default: {ROUNDS_PER_CALL}; the "
+                        "demo's comparison, which streams nothing: all of them in one call)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: heads, GDN groups, MLP and "
                    "vocabulary split over this many devices (default: %(default)s)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel degree: the prompt runs as a batch of this "
@@ -204,6 +208,8 @@ def _main(argv) -> int:
                         ("--rounds-per-call", args.rounds_per_call)):
         if value is not None and value < 1:
             parser().error(f"{flag} must be >= 1, got {value}")
+    if not -2**63 <= args.seed < 2**63:         # what jax.random.key (and nnx.Rngs) take: an int64
+        parser().error(f"--seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {args.seed}")
     if args.repeats is not None and args.repeats < 1:
         parser().error(f"--repeats must be >= 1, got {args.repeats}")
     if args.repeats is not None and not compare:
@@ -230,9 +236,14 @@ def _main(argv) -> int:
 
     from jaxspec import sharding
     from jaxspec.config import ConfigError
-    from jaxspec.engine import Engine
+    from jaxspec.engine import AR, Engine, loop_compiler_options
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
+
+    try:
+        loop_compiler_options(AR())     # a bad JAXSPEC_LOOP_GRAPHS, refused before loading the model
+    except ValueError as e:
+        parser().error(str(e))
 
     if (cache := compile_cache_dir(args.compile_cache, os.environ)) is not None:
         jax.config.update("jax_compilation_cache_dir", cache or None)
@@ -314,7 +325,7 @@ def _main(argv) -> int:
     if args.method == "mtp":
         from jaxspec.mtp import MTP, MTPHead
         if args.model is None:  # the random model gets a random head, so that the path runs out of the box
-            head = MTPHead(cfg, rngs=nnx.Rngs(args.seed + 1))
+            head = MTPHead(cfg, rngs=nnx.Rngs((args.seed + 1 + 2**63) % 2**64 - 2**63))   # seed + 1, in int64
         else:
             from convert.hf import CheckpointError
             from convert.mtp import load_mtp
@@ -333,18 +344,26 @@ def _main(argv) -> int:
         parser().error(f"--model {args.model}: end-of-sequence ids {beyond} (from generation_config.json or the "
                        f"tokenizer {tok.name}) are outside the model's vocabulary [0, {model.cfg.vocab_size}); "
                        f"pass --ignore-eos to generate without stopping at them")
+    if problem := context_error(len(ids), args.max_new_tokens, args.max_len, (speculator or AR()).tree_size,
+                                model.cfg.max_position_embeddings):
+        parser().error(problem)
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
-    engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)
-    print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {_label(args, args.method, model.cfg.dtype)}; prompt {len(ids)} tokens]",
-          file=sys.stderr)
+    try:
+        engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)
+    except ValueError as e:
+        parser().error(str(e))
+    label = _label(args, args.method, model.cfg.dtype)
+    print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {label}; prompt {len(ids)} tokens]", file=sys.stderr)
 
-    sys.stdout.write(args.prompt if not args.chat else "")
     emitted: list[int] = []
-    printed = ""
+    printed = None      # the text written; the prompt goes out with the first tokens, so an error before leaves none
 
     def show(chunks):
         nonlocal printed
+        if printed is None:
+            sys.stdout.write(args.prompt if not args.chat else "")
+            printed = ""
         emitted.extend(chunks[0])
         text = tok.decode(emitted)
         # Print only whole characters: a multi-byte character may span tokens.
@@ -355,33 +374,64 @@ def _main(argv) -> int:
 
     try:
         res = engine.generate([ids] * args.dp, args.max_new_tokens, max_len=args.max_len, seed=args.seed,
-                              rounds_per_call=args.rounds_per_call, on_tokens=show)
+                              rounds_per_call=args.rounds_per_call or ROUNDS_PER_CALL, on_tokens=show)
     except (ValueError, jax.errors.JaxRuntimeError) as e:
-        return _decode_error(e)
+        return _decode_error(e, args.method, midline=printed is not None)
     sys.stdout.write(tok.decode(emitted)[len(printed):] + "\n")
-    n = res.n_tokens
-    print(f"[{n} tokens in {res.decode_s:.2f}s decode ({n / max(res.decode_s, 1e-9):.1f} tok/s, includes "
-          f"compilation), prefill {res.prefill_s:.2f}s; tau {res.tau:.2f} tokens/round over "
-          f"{int(res.rounds.sum())} rounds]", file=sys.stderr)
+    n, rate, rounds = _counts(res)
+    each = f" per sequence (batch of {args.dp})" if args.dp > 1 else ""
+    if not rounds:      # --max-new-tokens 1, or a stop token first
+        print(f"[{n} tokens{each} from the prefill ({res.prefill_s:.2f}s); no decode rounds]", file=sys.stderr)
+        return 0
+    print(f"[{n} tokens{each}: prefill {res.prefill_s:.2f}s (the first token), decode {res.decode_s:.2f}s "
+          f"({rate:.1f} tok/s{' per sequence' if each else ''} after the first, includes compilation); "
+          f"tau {res.tau:.2f} tokens/round over {rounds} rounds]", file=sys.stderr)
     if args.method != "ar":
         hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(res.hist) if k and c)
         print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
     return 0
 
 
-def _decode_error(e) -> int:
+def context_error(n_prompt: int, max_new: int, max_len: int | None, tree: int, bound: int) -> str | None:
+    """The engine's length checks, made before anything is printed and naming the flags: why a prompt of
+    `n_prompt` tokens, --max-new-tokens, --max-len and a verified tree of `tree` nodes do not fit the model's
+    context limit `bound` (0: none) or the cache; None where they fit."""
+    if bound and n_prompt + max_new > bound:
+        return (f"the prompt ({n_prompt} tokens) + --max-new-tokens {max_new} exceeds the model's context limit "
+                f"(max_position_embeddings {bound}); shorten --prompt or lower --max-new-tokens")
+    if max_len is not None and n_prompt + max_new + tree > max_len:
+        return (f"--max-len {max_len} is too small: the prompt ({n_prompt} tokens) + --max-new-tokens {max_new} + "
+                f"the verified tree ({tree}) need {n_prompt + max_new + tree}; raise --max-len or lower "
+                "--max-new-tokens")
+    return None
+
+
+def _counts(r) -> tuple[str, float, int]:
+    """A Result's tokens per sequence (a range where the rows differ), its decode tok/s per sequence (the tokens
+    decoded in rounds: the prefill chooses each row's first) and its rounds (the most that any row ran)."""
+    lens = [len(t) for t in r.tokens]
+    n = str(lens[0]) if min(lens) == max(lens) else f"{min(lens)}-{max(lens)}"
+    return n, (sum(lens) - len(lens)) / len(lens) / max(r.decode_s, 1e-9), int(r.rounds.max())
+
+
+def _decode_error(e, method: str = "ar", midline: bool = False) -> int:
     """Status 2 with one line for an error while decoding: a bad request (ValueError) or the device out of
-    memory for the cache (--max-len); any other runtime error is raised."""
+    memory for the cache (--max-len) or the draft (DRAFT_FLAGS); any other runtime error is raised. `midline`:
+    text is on stdout, so the line starts on a new one."""
     import jax
+    start = "\n" if midline else ""
     if isinstance(e, jax.errors.JaxRuntimeError):
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise e
         first = str(e).strip().splitlines()[0]
-        print(f"\nerror: out of device memory ({first}); the KV cache and GDN state grow with --max-len, the "
-              "batch (--dp) and the dtype: lower --max-len or --max-new-tokens, or shard over more devices (--tp)",
-              file=sys.stderr)
+        draft = DRAFT_FLAGS.get(method, ())
+        grow = f", and each round's draft and verify with {' and '.join(draft)}" if draft else ""
+        lower = ("--max-len", "--max-new-tokens", *draft)
+        print(f"{start}error: out of device memory ({first}); the KV cache and GDN state grow with --max-len, the "
+              f"batch (--dp) and the dtype{grow}: lower {', '.join(lower[:-1])} or {lower[-1]}, or shard over "
+              "more devices (--tp)", file=sys.stderr)
     else:
-        print(f"\nerror: {e}", file=sys.stderr)
+        print(f"{start}error: {e}", file=sys.stderr)
     return 2
 
 
@@ -416,6 +466,8 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     from jaxspec.engine import Engine
     engines, timed = {}, {}
     kw = dict(max_len=args.max_len, seed=args.seed)
+    if args.rounds_per_call:
+        kw["rounds_per_call"] = args.rounds_per_call
     try:
         for name, spec in (("ar", None), (args.method, speculator)):
             engine = Engine(model, spec, sampling=sampling, stop_tokens=stops)
@@ -426,22 +478,23 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
             for name, (engine, _) in engines.items():
                 timed.setdefault(name, []).append(engine.generate([ids], args.max_new_tokens, **kw))
     except (ValueError, jax.errors.JaxRuntimeError) as e:
-        return _decode_error(e)
+        return _decode_error(e, args.method)
     median = lambda rs: sorted(rs, key=lambda r: r.decode_s)[len(rs) // 2]
     runs = {name: (median(timed[name]), compile_s) for name, (_, compile_s) in engines.items()}
     of = f" (median of {args.repeats} runs)" if args.repeats > 1 else ""
     res, _ = runs[args.method]
     sys.stdout.write(args.prompt + tok.decode(res.tokens[0]) + "\n")
     for name, (r, compile_s) in runs.items():
-        n = r.n_tokens
+        n, rate, rounds = _counts(r)
         label = _label(args, name, model.cfg.dtype)
-        print(f"[{label}: {n} tokens in {r.decode_s:.3f}s{of} ({n / max(r.decode_s, 1e-9):.1f} tok/s; compiled in "
-              f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {int(r.rounds.sum())} rounds]",
-              file=sys.stderr)
+        print(f"[{label}: {n} tokens in {r.decode_s:.3f}s{of} ({rate:.1f} tok/s after the first; compiled in "
+              f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {rounds} rounds]", file=sys.stderr)
     ar, sp = runs["ar"][0], res
     same = same_tokens(ar.tokens == sp.tokens, sampling.greedy, str(model.cfg.dtype))
-    print(f"[{args.method} speedup over AR: {ar.decode_s / max(sp.decode_s, 1e-9):.2f}x; tau {sp.tau:.2f}; "
-          f"same tokens as AR: {same}]", file=sys.stderr)
+    ar_rate, sp_rate = _counts(ar)[1], _counts(sp)[1]      # decoded tokens per second: either may stop early
+    speedup = f"{sp_rate / ar_rate:.2f}x" if ar_rate else "n/a (AR decoded no token after the first)"
+    print(f"[{args.method} speedup over AR: {speedup}; tau {sp.tau:.2f}; same tokens as AR: {same}]",
+          file=sys.stderr)
     hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(sp.hist) if k and c)
     print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
     return 0

@@ -14,6 +14,21 @@ from conftest import make_causal_lm
 from jaxspec.generate import main
 from test_drafter import make_reference, tiny_hf
 
+ERROR = "python -m jaxspec.generate: error: "      # argparse's prefix of the CLI's one error line
+
+
+def error_line(err: str) -> str:
+    """stderr's last line: the one error line, after argparse's usage text where it printed one."""
+    return err.strip().splitlines()[-1]
+
+
+def run_main(argv) -> int:
+    """main's status, whether it returns it or exits with it (argparse's errors)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
@@ -212,20 +227,23 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path)])
     assert "no *.safetensors" in capsys.readouterr().err
-    with pytest.raises(SystemExit):   # a drafter is not a target, and the reverse
-        main(["--model", str(target), "--method", "dflash", "--draft", str(target)])
-    assert "--draft" in capsys.readouterr().err
+    # A target is not a drafter. The model has a tokenizer within its vocabulary, so that the run gets as far as
+    # the drafter (without one it stopped at the tokenizer's ids, and argparse's usage text named --draft).
+    model = with_small_tokenizer(target, tmp_path / "m")
+    with pytest.raises(SystemExit):
+        main(["--model", str(model), "--method", "dflash", "--draft", str(target)])
+    assert error_line(capsys.readouterr().err).startswith(f"{ERROR}--draft {target}: ")
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "0"], "top-p"),
-    (["--max-new-tokens", "0"], "max-new-tokens"),
-    (["--method", "dflash"], "--draft"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-p", "0", "--temperature", "1"], "--top-p must be in (0, 1]"),   # sampling: the range check, not greedy's
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--method", "dflash"], "--method dflash needs --draft DIR"),
     (["--block-size", "4"], "--draft/--block-size"),
     (["--budget", "4"], "--budget only"),
     (["--draft-dtype", "bfloat16"], "--draft-dtype only apply"),
-    (["--method", "ddtree"], "--draft"),
+    (["--method", "ddtree"], "--method ddtree needs --draft DIR"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--method", "ar", "--repeats", "2"], "--repeats only applies"),
     (["--rounds-per-call", "0"], "--rounds-per-call must be >= 1"),   # 0 rounds a call never finished
@@ -234,12 +252,16 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--top-k", "20"], "only apply when sampling"),
     (["--top-p", "0.9"], "only apply when sampling"),
     (["--no-thinking"], "--no-thinking only applies with --chat"),
+    (["--seed", "99999999999999999999"], "--seed must be a 64-bit integer"),    # was an OverflowError
+    (["--seed", str(2**63)], "--seed must be a 64-bit integer"),
+    (["--seed", str(-2**63 - 1)], "--seed must be a 64-bit integer"),
 ])
 def test_flag_errors(argv, words, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))   # the demo pair supplies --draft
     with pytest.raises(SystemExit) as e:
         main(argv)
-    assert e.value.code == 2 and words in capsys.readouterr().err
+    line = error_line(capsys.readouterr().err)       # the error line: the usage text above it names every flag
+    assert e.value.code == 2 and line.startswith(ERROR) and words in line, line
 
 
 def test_mtp_on_the_demo_pair_says_to_pass_a_model(dirs, tmp_path, monkeypatch, capsys):
@@ -318,3 +340,128 @@ def test_distributed_passes_the_process_count_and_id(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--method", "ar", "--distributed"])
     assert e.value.code == 2 and "--distributed: JAX_PROCESS_ID=-1 must be >= 0" in capsys.readouterr().err
+
+
+def test_context_errors_name_the_flags_and_print_nothing(monkeypatch, capsys, tmp_path):
+    """A request that does not fit --max-len or the model's context limit is refused before anything is printed
+    (the prompt was echoed first, and left on stdout), in one line naming the flags."""
+    import jaxspec.generate as cli
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    assert run_main(["--method", "ar", "--max-len", "10", "--max-new-tokens", "8"]) == 2
+    out, err = capsys.readouterr()
+    line = error_line(err)
+    assert out == "" and line.startswith(f"{ERROR}--max-len 10 is too small") and "--max-new-tokens 8" in line, err
+    small = cli.tiny_random_config().replace(max_position_embeddings=10)
+    monkeypatch.setattr(cli, "tiny_random_config", lambda: small)
+    assert run_main(["--method", "ar", "--max-new-tokens", "8"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--max-new-tokens 8 exceeds the model's context limit (max_position_embeddings 10)" in \
+        error_line(err), err
+
+
+def test_out_of_memory_names_the_draft_flags(monkeypatch, capsys, tmp_path):
+    """Out of memory with a drafting method: the advice names the flags that size its draft (--budget 100000 asks
+    for terabytes), and an error before the first token leaves stdout empty."""
+    import jaxspec.engine as E
+    import jaxspec.generate as cli
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    oom = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 38400000000 bytes.")
+
+    def generate(self, *a, **kw):
+        raise oom
+    monkeypatch.setattr(E.Engine, "generate", generate)
+    assert run_main(["--method", "mtp", "--max-new-tokens", "4"]) == 2       # the random model's random MTP head
+    out, err = capsys.readouterr()
+    assert out == "" and error_line(err).startswith("error: out of device memory"), err
+    assert "lower --max-len, --max-new-tokens or --mtp-tokens" in error_line(err), err
+    assert cli._decode_error(oom, "ddtree") == 2
+    assert "lower --max-len, --max-new-tokens, --budget or --block-size" in capsys.readouterr().err
+    assert cli._decode_error(oom, "ar") == 2
+    assert "lower --max-len or --max-new-tokens, or shard" in capsys.readouterr().err
+
+
+def test_a_bad_loop_graphs_value_ends_with_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "bogus")
+    assert run_main(["--method", "ar", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert error_line(err).startswith(f"{ERROR}JAXSPEC_LOOP_GRAPHS='bogus'") and "Traceback" not in err, err
+
+
+def fake_result(tokens, rounds, hist, decode_s=1.0):
+    import numpy as np
+
+    from jaxspec.engine import Result
+    return Result(tokens, 0.5, decode_s, np.asarray(rounds), np.asarray(hist), None)
+
+
+def test_counts_are_per_sequence(monkeypatch, capsys, tmp_path):
+    """With --dp the line gives each sequence's tokens and rate and the rounds the loop ran (not sums over the
+    batch); the rate counts the tokens decoded in rounds (the prefill chooses the first); with one new token, no
+    rounds ran."""
+    import jaxspec.engine as E
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    assert main(["--method", "ar", "--max-new-tokens", "1", "--ignore-eos"]) == 0
+    err = capsys.readouterr().err
+    assert "[1 tokens from the prefill (" in err and "; no decode rounds]" in err and "tok/s" not in err, err
+
+    def generate(self, prompts, max_new, *, on_tokens, **kw):     # 5 tokens in each of 2 rows, 4 rounds each
+        on_tokens([[11]] * len(prompts))
+        on_tokens([[12, 13, 14, 15]] * len(prompts))
+        return fake_result([[11, 12, 13, 14, 15]] * len(prompts), [4] * len(prompts), [0, 4 * len(prompts)], 2.0)
+    monkeypatch.setattr(E.Engine, "generate", generate)
+    assert main(["--method", "ar", "--max-new-tokens", "5", "--dp", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "[5 tokens per sequence (batch of 2): " in err and "(2.0 tok/s per sequence after the first" in err, err
+    assert "tau 1.00 tokens/round over 4 rounds]" in err, err
+
+
+def fake_demo(dirs, tmp_path, monkeypatch):
+    """A demo pair (the tiny checkpoints) whose Engine.generate decodes 64 tokens with AR and 16 with DDTree (a
+    stop token) in one second each; returns the rounds_per_call each call was given."""
+    import jaxspec.engine as E
+    target, draft = dirs
+    demo = tmp_path / "demo"
+    with_small_tokenizer(target, demo / "target")
+    (demo / "drafter").symlink_to(draft)
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(demo))
+    given = []
+
+    def generate(self, prompts, max_new, **kw):
+        given.append(kw.get("rounds_per_call"))
+        if self.spec.name == "ar":
+            return fake_result([[5] * 65], [64], [0, 64])
+        return fake_result([[5] * 17], [4], [0, 0, 0, 0, 4])
+    monkeypatch.setattr(E.Engine, "generate", generate)
+    return given
+
+
+def test_demo_speedup_is_the_ratio_of_decode_rates(dirs, tmp_path, monkeypatch, capsys):
+    """A run that stops early is not faster for taking less time: 16 decoded tokens a second against 64 is 0.25x."""
+    fake_demo(dirs, tmp_path, monkeypatch)
+    assert main(["--prompt", "def f(x):", "--max-new-tokens", "64", "--repeats", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "ddtree speedup over AR: 0.25x;" in err and "(16.0 tok/s after the first;" in err, err
+
+
+def test_demo_passes_rounds_per_call(dirs, tmp_path, monkeypatch, capsys):
+    """--rounds-per-call reaches the comparison's runs; without it they run all their rounds in one call."""
+    given = fake_demo(dirs, tmp_path, monkeypatch)
+    assert main(["--prompt", "def f(x):", "--max-new-tokens", "64", "--repeats", "1", "--rounds-per-call", "3"]) == 0
+    assert given == [3, 3, 3, 3]
+    given.clear()
+    assert main(["--prompt", "def f(x):", "--max-new-tokens", "64", "--repeats", "1"]) == 0
+    assert given == [None] * 4
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -2**63])
+def test_the_int64_seeds_are_taken(seed, monkeypatch, capsys, tmp_path):
+    """Both ends of --seed's range run: the random model's MTP head, seeded with --seed + 1, wraps within int64."""
+    import jaxspec.engine as E
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+
+    def generate(self, prompts, max_new, *, seed, on_tokens, **kw):
+        jax.random.key(seed)                                  # as the engine's prefill does
+        on_tokens([[11]])
+        return fake_result([[11]], [0], [0, 0, 0, 0, 0])
+    monkeypatch.setattr(E.Engine, "generate", generate)
+    assert main(["--method", "mtp", "--max-new-tokens", "1", "--seed", str(seed)]) == 0
