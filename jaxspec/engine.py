@@ -231,6 +231,20 @@ def default_max_len(need: int) -> int:
     return -(-need // step) * step
 
 
+def context_problem(longest: int, max_new: int, max_len: int | None, tree_size: int, bound: int,
+                    new_name: str = "max_new_tokens", len_name: str = "max_len") -> str | None:
+    """Why a request does not fit, or None: the longest prompt + `max_new` tokens past the model's context limit
+    `bound` (max_position_embeddings; 0: none), or + the verified tree past the cache's `max_len` (None: the
+    default, which fits). The names are the arguments' (the CLI passes its flags')."""
+    if bound and longest + max_new > bound:
+        return (f"prompt ({longest} tokens) + {new_name} ({max_new}) exceeds the model's context limit "
+                f"(max_position_embeddings {bound} in its config.json); shorten the prompt or lower {new_name}")
+    if max_len is not None and longest + max_new + tree_size > max_len:
+        return (f"prompt ({longest} tokens) + {new_name} ({max_new}) + tree ({tree_size}) exceeds the context of "
+                f"{len_name} {max_len} tokens; raise {len_name} or lower {new_name}")
+    return None
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Decoding:
@@ -457,16 +471,11 @@ class Engine:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         prompts = check_prompts(prompts, self.cfg.vocab_size)
-        longest, bound = max(len(p) for p in prompts), self.cfg.max_position_embeddings
-        if bound and longest + max_new_tokens > bound:
-            raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                             f"context limit (max_position_embeddings {bound} in its config.json); shorten the "
-                             "prompt or ask for fewer new tokens")
-        need = longest + max_new_tokens + self.spec.tree_size
-        max_len = max_len or default_max_len(need)
-        if need > max_len:
-            raise ValueError(f"prompt ({max(len(p) for p in prompts)} tokens) + max_new_tokens ({max_new_tokens}) "
-                             f"+ tree ({self.spec.tree_size}) exceeds the context of {max_len} tokens")
+        longest = max(len(p) for p in prompts)
+        max_len = max_len or default_max_len(longest + max_new_tokens + self.spec.tree_size)
+        if problem := context_problem(longest, max_new_tokens, max_len, self.spec.tree_size,
+                                      self.cfg.max_position_embeddings):
+            raise ValueError(problem)
         t0 = time.perf_counter()
         first, state, draft, key = self.prefill(prompts, max_len, seed)
         b = len(prompts)

@@ -236,7 +236,7 @@ def _main(argv) -> int:
 
     from jaxspec import sharding
     from jaxspec.config import ConfigError
-    from jaxspec.engine import AR, Engine, loop_compiler_options
+    from jaxspec.engine import AR, Engine, context_problem, loop_compiler_options
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
 
@@ -344,9 +344,9 @@ def _main(argv) -> int:
         parser().error(f"--model {args.model}: end-of-sequence ids {beyond} (from generation_config.json or the "
                        f"tokenizer {tok.name}) are outside the model's vocabulary [0, {model.cfg.vocab_size}); "
                        f"pass --ignore-eos to generate without stopping at them")
-    if problem := context_error(len(ids), args.max_new_tokens, args.max_len, (speculator or AR()).tree_size,
-                                model.cfg.max_position_embeddings):
-        parser().error(problem)
+    if problem := context_problem(len(ids), args.max_new_tokens, args.max_len, (speculator or AR()).tree_size,
+                                  model.cfg.max_position_embeddings, "--max-new-tokens", "--max-len"):
+        parser().error(problem)     # before anything is printed
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
     try:
@@ -390,20 +390,6 @@ def _main(argv) -> int:
         hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(res.hist) if k and c)
         print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
     return 0
-
-
-def context_error(n_prompt: int, max_new: int, max_len: int | None, tree: int, bound: int) -> str | None:
-    """The engine's length checks, made before anything is printed and naming the flags: why a prompt of
-    `n_prompt` tokens, --max-new-tokens, --max-len and a verified tree of `tree` nodes do not fit the model's
-    context limit `bound` (0: none) or the cache; None where they fit."""
-    if bound and n_prompt + max_new > bound:
-        return (f"the prompt ({n_prompt} tokens) + --max-new-tokens {max_new} exceeds the model's context limit "
-                f"(max_position_embeddings {bound}); shorten --prompt or lower --max-new-tokens")
-    if max_len is not None and n_prompt + max_new + tree > max_len:
-        return (f"--max-len {max_len} is too small: the prompt ({n_prompt} tokens) + --max-new-tokens {max_new} + "
-                f"the verified tree ({tree}) need {n_prompt + max_new + tree}; raise --max-len or lower "
-                "--max-new-tokens")
-    return None
 
 
 def _counts(r) -> tuple[str, float, int]:

@@ -350,12 +350,13 @@ def test_context_errors_name_the_flags_and_print_nothing(monkeypatch, capsys, tm
     assert run_main(["--method", "ar", "--max-len", "10", "--max-new-tokens", "8"]) == 2
     out, err = capsys.readouterr()
     line = error_line(err)
-    assert out == "" and line.startswith(f"{ERROR}--max-len 10 is too small") and "--max-new-tokens 8" in line, err
+    assert out == "" and line.startswith(f"{ERROR}prompt (") and "--max-new-tokens (8)" in line and \
+        "exceeds the context of --max-len 10 tokens; raise --max-len" in line, err
     small = cli.tiny_random_config().replace(max_position_embeddings=10)
     monkeypatch.setattr(cli, "tiny_random_config", lambda: small)
     assert run_main(["--method", "ar", "--max-new-tokens", "8"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and "--max-new-tokens 8 exceeds the model's context limit (max_position_embeddings 10)" in \
+    assert out == "" and "--max-new-tokens (8) exceeds the model's context limit (max_position_embeddings 10" in \
         error_line(err), err
 
 
