@@ -49,6 +49,7 @@ from bench.cli import StagedResult, at_least, writable_file, write_json
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.provenance import git_info
+from jaxspec.sharding import FRACTION_VARS, claim_device_memory
 from jaxspec.tree import chain
 from pallas_kernels import dispatch
 
@@ -733,7 +734,7 @@ def machine_info() -> dict:
     return dict(device_kind=d.device_kind, platform=d.platform, device_count=jax.device_count(),
                 host=socket.gethostname(), python=platform.python_version(),
                 xla_flags=os.environ.get("XLA_FLAGS", ""),
-                mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ""), jaxspec_flags=dispatch.flags())
+                mem_fraction=next((os.environ[v] for v in FRACTION_VARS if os.environ.get(v)), ""), jaxspec_flags=dispatch.flags())
 
 
 def write_results(path: str, rows: list, **meta) -> None:
@@ -813,6 +814,7 @@ def main(argv=None) -> dict:
     global _T0
     _T0 = time.perf_counter()       # the deadline counts from this call, not from the import (tests import early)
     args = parse_args(argv)
+    claim_device_memory()
     if args.log:
         _LOG[:] = [open(args.log, "a")]
     name, cfg = resolve_config(args.config, args.dtype)

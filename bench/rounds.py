@@ -48,6 +48,7 @@ from jaxspec.dflash import DFlash
 from jaxspec.drafter_config import DrafterConfig, qwen36_27b_dflash
 from jaxspec.engine import Engine, accept, loop_compiler_options
 from jaxspec.sampling import Sampling, choose
+from jaxspec.sharding import claim_device_memory, room_problem
 
 
 def log(msg):
@@ -190,6 +191,7 @@ def main(argv=None):
                          "is replaced only when this run completes (meanwhile: OUT.partial)")
     args = ap.parse_args(argv)
     writable_file(ap, "--out", args.out)
+    claim_device_memory()
     try:
         fields = [float(f) for f in args.sampling.split(",")]
         if len(fields) > 3 or (len(fields) > 1 and fields[1] != int(fields[1])):
@@ -281,6 +283,13 @@ def main(argv=None):
     t = time.perf_counter()
     model, drafter = random_pair(cfg, dcfg)
     log(f"random weights in {time.perf_counter() - t:.1f}s")
+    # The phases hold a target state and a drafter cache of max_len slots at once, beside the weights: where
+    # even those cannot fit, stop now (session 57: on an 80 GB card the 128K cache stalled the run for 9 min).
+    problem = room_problem(jax.eval_shape(lambda: (M.init_state(cfg, 1, max_len), DR.init_cache(dcfg, 1, max_len))),
+                           None, f"a target state and a drafter cache of max_len {max_len} (the longest --context "
+                           f"{max(contexts)} and the timed calls' room)")
+    if problem:
+        raise SystemExit(f"error: {problem}; time fewer or shorter --context values")
     pb = H.param_bytes(cfg, nnx.state(model))
     result["weight_bytes_per_step"] = pb["decode_weight_bytes"]
     result["roofline_ms_at_4.30TB_s"] = pb["decode_weight_bytes"] / 4.30e12 * 1e3

@@ -45,6 +45,7 @@ from bench.harness import parse_contexts, resolve_config
 from jaxspec.config import ConfigError
 from jaxspec.files import write_atomic
 from jaxspec.provenance import git_info
+from jaxspec.sharding import claim_device_memory
 from pallas_kernels import dispatch
 
 GOALS = {  # issue #6, at 1K context on one H200
@@ -274,6 +275,7 @@ def main(argv=None) -> int:
                          "table's (nothing else in it; the parts run now replace their files, the table shows only "
                          "this run's)")
     args = ap.parse_args(argv)
+    claim_device_memory()        # the parts inherit it: each takes 90% of the GPU, not JAX's 75%
     parts = {p for p in args.parts.split(",") if p}
     if not parts:
         ap.error(f"--parts {args.parts!r}: names no part; choose from {','.join(PARTS)}")

@@ -23,7 +23,7 @@ from jaxspec import tree as trees
 from jaxspec.config import ConfigError
 from jaxspec.model import Qwen35, State, commit, init_state
 from jaxspec.sampling import Sampling, categorical, choose, log_probs
-from jaxspec.sharding import check_laid_out, check_mesh, constrain_state, dp_degree, state_maker
+from jaxspec.sharding import check_laid_out, check_mesh, constrain_state, dp_degree, room_problem, state_maker
 from pallas_kernels.dispatch import check_flags
 
 
@@ -334,7 +334,7 @@ class Engine:
                                           compiler_options=loop_compiler_options(self.spec) or None))
         # the first token's choice, compiled once (eager, top-p traced its threshold search on every call)
         self._choose = self._in_mesh(jax.jit(lambda key, logits: choose(key, logits, self.sampling)))
-        self._makers = {}     # (batch, max_len) -> jitted makers of empty target and drafter states
+        self._makers = {}     # (batch, max_len) -> jitted makers of empty target and drafter states, their shapes
 
     def _in_mesh(self, fn):
         """fn traced and run with the mesh set (per-shard Pallas kernels read it while tracing)."""
@@ -421,9 +421,15 @@ class Engine:
         """Empty target and drafter states for b sequences of max_len slots, placed on the mesh if there is one;
         the makers compile once per (b, max_len), not once per generate call."""
         if (b, max_len) not in self._makers:
-            self._makers[b, max_len] = (state_maker(self.mesh, lambda: init_state(self.cfg, b, max_len)),
-                                        state_maker(self.mesh, lambda: self.spec.init(b, max_len)))
-        return tuple(make() for make in self._makers[b, max_len])
+            makes = (lambda: init_state(self.cfg, b, max_len), lambda: self.spec.init(b, max_len))
+            self._makers[b, max_len] = (tuple(state_maker(self.mesh, m) for m in makes),
+                                        jax.eval_shape(lambda: tuple(m() for m in makes)))
+        makers, abstract = self._makers[b, max_len]
+        problem = room_problem(abstract, self.mesh, f"the KV cache and GDN state of {b} sequence(s) of max_len "
+                                                    f"{max_len}")
+        if problem:
+            raise ValueError(problem)
+        return tuple(make() for make in makers)
 
     def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0) -> Decoding:
         prompts = check_prompts(prompts, self.cfg.vocab_size)

@@ -231,10 +231,11 @@ def _main(argv) -> int:
     if compare and args.tp * args.dp > 1:
         parser().error("the demo comparison runs on one device; pass --method with --tp/--dp")
 
+    from jaxspec import sharding
+    sharding.claim_device_memory()      # before the first use of a device
     import jax
     from flax import nnx
 
-    from jaxspec import sharding
     from jaxspec.config import ConfigError
     from jaxspec.engine import AR, Engine, context_problem, loop_compiler_options
     from jaxspec.model import Qwen35

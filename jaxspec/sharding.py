@@ -23,6 +23,7 @@ Layout for a tensor-parallel degree `tp` (the model's own layout at tp = 1 is th
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable
 
 import jax
@@ -377,6 +378,57 @@ def state_maker(mesh: Mesh | None, make: Callable[[], Any]) -> Callable[[], Any]
         return jax.jit(make)
     abstract = jax.eval_shape(make)
     return jax.jit(make, out_shardings=state_shardings(mesh, abstract))
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+# The share of each GPU that JAX's allocator may take when the user sets none: JAX's own default is 0.75,
+# which on an 80 GB card leaves the 27B target (53.8 GB with its embedding and lm_head) and its drafter less
+# than one KV cache at 128K context (bench/results/2026-12-05-h100-s57/).
+MEM_FRACTION = "0.90"
+FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def claim_device_memory() -> None:
+    """Give JAX's GPU pool MEM_FRACTION of each device unless the environment sets a fraction; call it before
+    the first use of a device (it only sets the environment variable the GPU client reads when it starts)."""
+    if not any(os.environ.get(v) for v in FRACTION_VARS):
+        os.environ[FRACTION_VARS[0]] = MEM_FRACTION
+
+
+def device_room(devices) -> tuple[int, int] | None:
+    """(the fewest bytes free in any device's pool, that device's pool size), or None where the devices report
+    no memory statistics (CPU)."""
+    rooms = []
+    for d in devices:
+        st = d.memory_stats() or {}
+        if "bytes_limit" not in st:
+            return None
+        rooms.append((st["bytes_limit"] - st.get("bytes_in_use", 0), st["bytes_limit"]))
+    return min(rooms) if rooms else None
+
+
+def room_problem(abstract, mesh: Mesh | None, what: str) -> str | None:
+    """Why `abstract` (a pytree of ShapeDtypeStructs, e.g. jax.eval_shape of a state's constructor) cannot be
+    allocated now: the largest per-device share of it, laid out by `state_shardings` under `mesh`, against the
+    free bytes of the fullest device; None when it fits or the devices report no statistics. It fails fast
+    where the allocation would instead stall or fail deep inside a compiled call."""
+    devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
+    room = device_room(devices)
+    if room is None:
+        return None
+    shardings = state_shardings(mesh, abstract) if mesh is not None else None
+    leaves = jax.tree_util.tree_leaves(abstract)
+    shards = jax.tree_util.tree_leaves(shardings) if shardings is not None else [None] * len(leaves)
+    need = sum(int(np.prod(s.shard_shape(x.shape) if s is not None else x.shape)) * x.dtype.itemsize
+               for x, s in zip(leaves, shards))
+    free, limit = room
+    if need <= free:
+        return None
+    set_to = next((f"{v}={os.environ[v]}" for v in FRACTION_VARS if os.environ.get(v)), "JAX's default of 0.75")
+    return (f"{what} needs {need / 2**30:.2f} GiB per device, but {free / 2**30:.2f} GiB of the device's "
+            f"{limit / 2**30:.2f} GiB pool is free (the pool is {set_to} of its memory; raise "
+            f"{FRACTION_VARS[0]} only if nothing else uses the device)")
 
 
 # ------------------------------------------------------------------------------------------------ kernels

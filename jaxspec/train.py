@@ -66,6 +66,7 @@ from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
 from jaxspec.files import blocking_file, write_atomic
+from jaxspec.sharding import claim_device_memory
 from jaxspec.provenance import git_info
 from jaxspec.model import Qwen35, init_state
 from pallas_kernels import dispatch
@@ -2351,6 +2352,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from convert.hf import CheckpointError
     args = parser().parse_args(argv)
+    claim_device_memory()
     try:
         dispatch.check_flags()               # before any work: a misspelt JAXSPEC_* flag would choose nothing
     except ValueError as e:

@@ -234,6 +234,23 @@ def test_state_makers_compile_once_without_a_mesh():
     assert len(calls) == 1 and first["s"].shape == (2, 3) and second["n"].dtype == jnp.int32
 
 
+def test_a_cache_beyond_the_devices_free_memory_is_refused_before_allocation(tiny, monkeypatch):
+    """Where the device reports its pool (a GPU), a cache that cannot fit in its free bytes is refused with the
+    sizes, before anything is allocated (an allocation that fails deep in a compiled call can stall for minutes:
+    bench/results/2026-12-05-h100-s57/table-3-contexts-oom/); one that just fits runs."""
+    from jaxspec import sharding as S
+    from jaxspec.model import init_state
+    _, model = tiny
+    engine = Engine(model)
+    need = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(
+        jax.eval_shape(lambda: (init_state(model.cfg, 1, 64), engine.spec.init(1, 64)))))
+    monkeypatch.setattr(S, "device_room", lambda devices: (need - 1, 10 * need))
+    with pytest.raises(ValueError, match=f"state of 1 sequence\\(s\\) of max_len 64 needs {need / 2**30:.2f} GiB"):
+        engine.generate([_prompts()[0]], 4, max_len=64)
+    monkeypatch.setattr(S, "device_room", lambda devices: (need, 10 * need))
+    assert len(engine.generate([_prompts()[0]], 4, max_len=64).tokens[0]) == 4
+
+
 def test_sampling_is_seeded_and_valid(tiny):
     _, model = tiny
     engine = Engine(model, sampling=Sampling(temperature=1.0, top_k=20, top_p=0.9))

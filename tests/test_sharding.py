@@ -590,3 +590,57 @@ def test_sampled_log_probs_run_per_vocab_shard(target, drafter):
         ref = Engine(target, spec(drafter, target.cfg), sampling=s).generate(prompts, 12, seed=5)
         out = Engine(st, spec(sd, st.cfg), sampling=s, mesh=mesh).generate(prompts, 12, seed=5)
         assert out.tokens == ref.tokens, (s, budget)
+
+
+class _Device:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_device_room_is_the_fullest_devices_free_bytes():
+    devices = [_Device({"bytes_limit": 100, "bytes_in_use": 30}), _Device({"bytes_limit": 90, "bytes_in_use": 60})]
+    assert S.device_room(devices) == (30, 90)
+    assert S.device_room([*devices, _Device(None)]) is None        # one device without statistics: unknown
+    assert S.device_room(jax.devices()[:1]) is None                # the CPU reports none
+
+
+def test_room_problem_weighs_each_devices_share_of_a_state(target, monkeypatch):
+    """A state is refused exactly when the fullest device's share of it (what its shards hold once allocated)
+    exceeds the free bytes; without statistics (the CPU) nothing is refused."""
+    mesh = S.make_mesh(2, 2)
+    cfg = S.shard_target(target, mesh).cfg
+    make = lambda: init_state(cfg, 2, 40)
+    state = S.state_maker(mesh, make)()
+    leaves = jax.tree_util.tree_leaves(state)
+    share = max(sum(s.data.nbytes for x in leaves for s in x.addressable_shards if s.device == d)
+                for d in mesh.devices.flat)
+    assert share < sum(x.nbytes for x in leaves)                   # sharded: less than the whole state
+    abstract = jax.eval_shape(make)
+    assert S.room_problem(abstract, mesh, "the state") is None
+    monkeypatch.setattr(S, "device_room", lambda devices: (share, 4 * share))
+    assert S.room_problem(abstract, mesh, "the state") is None
+    monkeypatch.setattr(S, "device_room", lambda devices: (share - 1, 4 * share))
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.6")
+    problem = S.room_problem(abstract, mesh, "the state")
+    assert problem.startswith(f"the state needs {share / 2**30:.2f} GiB per device") and \
+        "the pool is XLA_CLIENT_MEM_FRACTION=0.6 of its memory" in problem, problem
+
+
+def test_claim_device_memory_sets_a_fraction_only_where_none_is_set(monkeypatch):
+    import os
+    new, old = S.FRACTION_VARS
+    for v in S.FRACTION_VARS:
+        monkeypatch.delenv(v, raising=False)
+    S.claim_device_memory()
+    assert os.environ[new] == S.MEM_FRACTION and old not in os.environ
+    monkeypatch.setenv(new, "0.5")
+    S.claim_device_memory()
+    assert os.environ[new] == "0.5"
+    monkeypatch.delenv(new)
+    monkeypatch.setenv(old, "0.7")       # the deprecated name: both set would stop the GPU client from starting
+    S.claim_device_memory()
+    assert new not in os.environ and os.environ[old] == "0.7"
