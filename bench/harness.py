@@ -143,7 +143,7 @@ def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes
     p.add_argument("--layers", type=int, default=layers)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
     f32 = jnp.float32
     rows = []
@@ -734,7 +734,8 @@ def machine_info() -> dict:
     return dict(device_kind=d.device_kind, platform=d.platform, device_count=jax.device_count(),
                 host=socket.gethostname(), python=platform.python_version(),
                 xla_flags=os.environ.get("XLA_FLAGS", ""),
-                mem_fraction=next((os.environ[v] for v in FRACTION_VARS if os.environ.get(v)), ""), jaxspec_flags=dispatch.flags())
+                mem_fraction=next((os.environ[v] for v in FRACTION_VARS if os.environ.get(v)), ""),
+                jaxspec_flags=dispatch.flags())
 
 
 def write_results(path: str, rows: list, **meta) -> None:
@@ -793,7 +794,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="JSON result path, rewritten whole after each phase (see above: "
                     "a finished earlier result there is replaced only by a complete one)")
     ap.add_argument("--log", default=None, help="also append the progress lines to this file")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     args.contexts = parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip(", ") else []
     if not args.copy_gib > 0:
         ap.error(f"--copy-gib: must be > 0, got {args.copy_gib}")

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 
 from bench.cli import at_least, writable_file, write_json
+from pallas_kernels import dispatch
 
 PARTS = ("embed", "attn", "gdn", "mlp", "norm", "head", "commit")
 _WEIGHT_PARTS = (("self_attn", "attn"), ("linear_attn", "gdn"), ("lm_head", "head"), ("embed_tokens", "embed"),
@@ -360,7 +361,7 @@ def main(argv=None):
                     help="only this device's kernels (a multi-GPU trace has one plane per GPU: needed there)")
     ap.add_argument("--top", type=at_least(0), default=25, help="longest kernels listed")
     ap.add_argument("--json", default=None, help="write the summary here (with the commit, the machine and the date)")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--json", args.json)
     planes, text = _refuse_unreadable(ap, args.xplane, args.hlo)
     devices = [p for p in planes if p.startswith("/device:")]
@@ -396,7 +397,6 @@ def main(argv=None):
 
         from bench.harness import versions
         from jaxspec.provenance import git_info
-        from pallas_kernels import dispatch
         write_json(args.json, dict(s, xplane=args.xplane, hlo=args.hlo, steps=args.steps, module=args.module,
                                    device=args.device, planes=planes, git=git_info(), versions=versions(),
                                    machine=dict(host=socket.gethostname(), python=platform.python_version(),

@@ -49,6 +49,7 @@ from jaxspec.drafter_config import DrafterConfig, qwen36_27b_dflash
 from jaxspec.engine import Engine, accept, loop_compiler_options
 from jaxspec.sampling import Sampling, choose
 from jaxspec.sharding import claim_device_memory, room_problem
+from pallas_kernels import dispatch
 
 
 def log(msg):
@@ -189,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None,
                     help="JSON file, rewritten after every phase (a killed run keeps its data); a finished one there "
                          "is replaced only when this run completes (meanwhile: OUT.partial)")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--out", args.out)
     claim_device_memory()
     try:

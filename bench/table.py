@@ -274,7 +274,7 @@ def main(argv=None) -> int:
                     help="directory for the parts' JSONs and logs, table.md, table.json: new, empty, or an earlier "
                          "table's (nothing else in it; the parts run now replace their files, the table shows only "
                          "this run's)")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     claim_device_memory()        # the parts inherit it: each takes 90% of the GPU, not JAX's 75%
     parts = {p for p in args.parts.split(",") if p}
     if not parts:

@@ -24,6 +24,7 @@ import numpy as np
 from bench.cli import at_least, write_json, writable_file
 from jaxspec import tree as trees
 from jaxspec.model import init_state
+from pallas_kernels import dispatch
 
 
 def features(target, seqs: np.ndarray, start: int, batch: int = 64):
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=at_least(1), default=4, help="passes of the probe's fit over the fitting anchors")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts' choice (held-out: seed + 1) and the fit")
     ap.add_argument("--out", required=True, help="JSON result path")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--out", args.out)
     tap_sets = parse_taps(ap, args.taps)
 

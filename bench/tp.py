@@ -48,6 +48,7 @@ from jaxspec.config import ConfigError
 from jaxspec.dflash import DFlash
 from jaxspec.drafter_config import qwen36_27b_dflash
 from jaxspec.engine import Engine
+from pallas_kernels import dispatch
 
 _T0 = time.perf_counter()
 
@@ -234,7 +235,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None,
                     help="JSON result path; a finished one there is replaced only when this run completes (meanwhile: "
                     "OUT.partial)")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--out", args.out)
     if args.profile:    # a directory, made if missing (was: FileExistsError after the first method's timing)
         writable_dir(ap, "--profile", args.profile, Path(args.profile))

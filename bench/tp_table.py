@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.cli import writable_file
 from jaxspec.files import write_atomic
+from pallas_kernels import dispatch
 
 ROOFLINE_MS = 11.9  # ms, one 27B decode step's roofline on one H200 (DESIGN.md section 5)
 
@@ -103,7 +104,7 @@ def main(argv=None):
     ap.add_argument("files", nargs="+", help="bench.tp JSON results (one or more per TP degree; TP = 1 required)")
     ap.add_argument("--tau", type=float, default=9.18, help="tokens per DFlash / DDTree round for the tok/s columns")
     ap.add_argument("--out", default=None, help="write the markdown here (default: stdout)")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     if not args.tau > 0:        # (nan too)
         ap.error(f"--tau: must be > 0, got {args.tau:g}")
     writable_file(ap, "--out", args.out)

@@ -33,6 +33,7 @@ from bench.harness import git_info, machine_info, parse_contexts, versions
 from bench.profile import load_events, trace
 from bench.rounds import back_to_back
 from jaxspec import ddtree
+from pallas_kernels import dispatch
 
 
 VARIANTS = ("plain", "materialized")
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
                     help="list each build's N longest kernels (default: none)")
     ap.add_argument("--hlo-dir", help="write each build's optimised HLO here (tree_build_bB.hlo.txt)")
     ap.add_argument("--variants", default="plain", help="plain and/or materialized (default: %(default)s)")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--out", args.out)
     if args.hlo_dir:    # a directory, made if missing (was: FileExistsError after the first budget's timing)
         writable_dir(ap, "--hlo-dir", args.hlo_dir, Path(args.hlo_dir))

@@ -31,6 +31,7 @@ from jaxspec.config import ConfigError
 from jaxspec.ddtree import build_tree
 from jaxspec.engine import accept
 from jaxspec.sampling import Sampling, choose
+from pallas_kernels import dispatch
 
 
 def main(argv=None):
@@ -45,7 +46,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="directory for the summary JSON (default: print it)")
     ap.add_argument("--hlo", action="store_true", help="also write the optimized HLO (gzipped) to --out, to read "
                     "what a fusion in the summary computes")
-    args = ap.parse_args(argv)
+    args = dispatch.parse_args(ap, argv)
     if args.hlo and not args.out:
         ap.error("--hlo needs --out")
     n = args.nodes

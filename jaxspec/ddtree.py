@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from jaxspec import sharding
 from jaxspec import tree as trees
+from pallas_kernels.dispatch import DDTREE_TOP_K_METHODS
 
 INVALID_TOKEN = -1
 
@@ -122,7 +123,7 @@ _VOCAB_CHUNK = 2048
 # is every selection of a tree of up to 64 nodes (beams of 64 x 64 candidates, 15 x 64 final entries, the
 # vocabulary in levels of at most COUNT_ROW chunks); larger ones sort.
 TOP_K_ENV = "JAXSPEC_DDTREE_TOP_K"
-TOP_K_METHODS = ("sort", "count")
+TOP_K_METHODS = DDTREE_TOP_K_METHODS
 COUNT_MAX = 4096
 
 

@@ -24,7 +24,7 @@ from jaxspec.config import ConfigError
 from jaxspec.model import Qwen35, State, commit, init_state
 from jaxspec.sampling import Sampling, categorical, choose, log_probs
 from jaxspec.sharding import check_laid_out, check_mesh, constrain_state, dp_degree, room_problem, state_maker
-from pallas_kernels.dispatch import check_flags
+from pallas_kernels.dispatch import LOOP_GRAPHS_MODES, check_flags
 
 
 def accept(tree: trees.Tree, tokens, target_choice):
@@ -173,8 +173,8 @@ def loop_compiler_options(spec: Speculator) -> dict:
     made those two loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/). A loop that
     verifies SPLIT_K_NODES or more nodes a round also gets SPLIT_K_OPTIONS, whatever the variable says."""
     mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "all"
-    if mode not in ("none", "ar", "all"):
-        raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected none, ar or all")
+    if mode not in LOOP_GRAPHS_MODES:
+        raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected one of {', '.join(LOOP_GRAPHS_MODES)}")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))
     split = SPLIT_K_OPTIONS if spec.tree_size >= SPLIT_K_NODES else {}
     return (LOOP_GRAPH_OPTIONS if on else {}) | split

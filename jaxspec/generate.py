@@ -237,14 +237,9 @@ def _main(argv) -> int:
     from flax import nnx
 
     from jaxspec.config import ConfigError
-    from jaxspec.engine import AR, Engine, context_problem, loop_compiler_options
+    from jaxspec.engine import AR, Engine, context_problem
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
-
-    try:
-        loop_compiler_options(AR())     # a bad JAXSPEC_LOOP_GRAPHS, refused before loading the model
-    except ValueError as e:
-        parser().error(str(e))
 
     if (cache := compile_cache_dir(args.compile_cache, os.environ)) is not None:
         jax.config.update("jax_compilation_cache_dir", cache or None)

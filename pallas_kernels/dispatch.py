@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import importlib
 import os
 
 import jax
@@ -25,16 +26,41 @@ CHOICE_FLAGS = OP_FLAGS + ("JAXSPEC_DDTREE_TOP_K",      # jaxspec/ddtree.py: the
 OTHER_FLAGS = ("JAXSPEC_COMMIT", "JAXSPEC_DIRTY",       # jaxspec/provenance.py: a run's commit, from a snapshot
                "JAXSPEC_DEMO_DIR")                      # jaxspec/generate.py: where the demo pair lives
 FLAGS = CHOICE_FLAGS + OTHER_FLAGS
+LOOP_GRAPHS_MODES = ("none", "ar", "all")          # which round loops compile as CUDA graphs (jaxspec/engine.py)
+DDTREE_TOP_K_METHODS = ("sort", "count")           # how the tree build takes its top-k (jaxspec/ddtree.py)
+
+
+def flag_values(flag: str) -> tuple[str, ...]:
+    """The values a choice flag takes: an op's, the implementations its package (named after the flag) offers."""
+    if flag in OP_FLAGS:
+        return importlib.import_module(f"pallas_kernels.{flag.removeprefix('JAXSPEC_').lower()}.api").IMPLEMENTATIONS
+    return {"JAXSPEC_LOOP_GRAPHS": LOOP_GRAPHS_MODES, "JAXSPEC_DDTREE_TOP_K": DDTREE_TOP_K_METHODS}[flag]
 
 
 def check_flags(environ=None) -> None:
-    """Refuse a JAXSPEC_* variable in the environment that jaxspec does not read, naming the nearest flag."""
+    """Refuse a JAXSPEC_* variable in the environment that jaxspec does not read, naming the nearest flag, and a
+    choice flag set to a value it does not take: before any work, not where the flag is first read (an op's when
+    the model is first traced, after a 27B's load)."""
     environ = os.environ if environ is None else environ
     for name in sorted(k for k in environ if k.startswith("JAXSPEC_") and k not in FLAGS):
         near = difflib.get_close_matches(name, FLAGS, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise ValueError(f"environment variable {name} is set, but jaxspec reads no such variable{hint}; its "
                          f"flags are {', '.join(FLAGS)}")
+    for name in CHOICE_FLAGS:
+        if environ.get(name) and environ[name] not in flag_values(name):
+            raise ValueError(f"{name}={environ[name]!r}: expected one of {', '.join(flag_values(name))}")
+
+
+def parse_args(ap, argv=None):
+    """`ap.parse_args(argv)`, then the environment's flags checked (`check_flags`): a bad one is the parser's error,
+    one line and status 2, before the command does any work."""
+    args = ap.parse_args(argv)
+    try:
+        check_flags()
+    except ValueError as e:
+        ap.error(str(e))
+    return args
 
 
 _DIFFERENTIABLE = contextvars.ContextVar("jaxspec_differentiable", default=False)

@@ -59,3 +59,24 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(TypeError):
         cli.write_json(path, {"a": object()})               # fails while encoding: the old file stays
     assert json.loads(path.read_text()) == {"a": 1} and sorted(p.name for p in path.parent.iterdir()) == ["r.json"]
+
+
+@pytest.mark.parametrize("module,argv", [
+    ("bench.harness", ["--out", "{tmp}/h.json"]), ("bench.rounds", []), ("bench.table", ["--out", "{tmp}/t"]),
+    ("bench.tp", []), ("bench.tp_table", ["{tmp}/a.json"]), ("bench.tree_build", []), ("bench.verify_profile", []),
+    ("bench.tap_probe", ["--target", "{tmp}", "--text", "{tmp}", "--eval-text", "{tmp}", "--out", "{tmp}/p.json"]),
+    ("pallas_kernels.gdn_decode.bench", []), ("pallas_kernels.gdn_tree_inputs.bench", []),
+    ("pallas_kernels.skinny_matmul.bench", []), ("pallas_kernels.tree_attention.bench", []),
+    ("pallas_kernels.tree_delta_rule.bench", []), ("pallas_kernels.verify.bench", []),
+])
+def test_every_benchmark_refuses_a_bad_flag_value_before_any_work(module, argv, tmp_path, monkeypatch, capsys):
+    """An op's flag set to a value it does not take is the parser's one-line error (an op's value was first checked
+    when the model was traced, and bench.table checked only after all its parts had run)."""
+    import importlib
+    monkeypatch.setenv("JAXSPEC_VERIFY", "bogus")
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1].endswith(
+        "error: JAXSPEC_VERIFY='bogus': expected one of reference, xla, pallas_triton, pallas_interpret"), err
+    assert not any(tmp_path.iterdir())                  # nothing written

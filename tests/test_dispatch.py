@@ -51,6 +51,23 @@ def test_flags_records_the_choices_only(monkeypatch):
         dispatch.check_flags()
 
 
+@pytest.mark.parametrize("flag", dispatch.CHOICE_FLAGS)
+def test_check_flags_refuses_a_value_its_flag_does_not_take(flag, monkeypatch):
+    """Every choice flag's value is checked with the names, before any work (an op's was first checked when the
+    model was traced, after the load); each value the flag's reader takes passes."""
+    for k in dispatch.FLAGS:
+        monkeypatch.delenv(k, raising=False)
+    readers = {"JAXSPEC_LOOP_GRAPHS": ("none", "ar", "all"), "JAXSPEC_DDTREE_TOP_K": ("sort", "count")}
+    taken = readers.get(flag) or __import__(f"pallas_kernels.{flag[8:].lower()}.api", fromlist=["x"]).IMPLEMENTATIONS
+    assert dispatch.flag_values(flag) == taken
+    for value in taken:
+        monkeypatch.setenv(flag, value)
+        dispatch.check_flags()
+    monkeypatch.setenv(flag, "bogus")
+    with pytest.raises(ValueError, match=f"^{flag}='bogus': expected one of {', '.join(taken)}$"):
+        dispatch.check_flags()
+
+
 def test_an_engine_refuses_a_misspelt_flag(tiny_hf, monkeypatch):
     """The loop graphs' and the tree build's flags are read outside `resolve`: the engine checks at construction."""
     from convert.hf import load_target

@@ -381,11 +381,14 @@ def test_out_of_memory_names_the_draft_flags(monkeypatch, capsys, tmp_path):
     assert "lower --max-len or --max-new-tokens, or shard" in capsys.readouterr().err
 
 
-def test_a_bad_loop_graphs_value_ends_with_one_line(monkeypatch, capsys):
-    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "bogus")
+@pytest.mark.parametrize("flag", ["JAXSPEC_LOOP_GRAPHS", "JAXSPEC_VERIFY"])
+def test_a_bad_flag_value_ends_with_one_line_before_the_load(flag, monkeypatch, capsys):
+    """An op's flag too (it was refused when the model was first traced, after the load)."""
+    monkeypatch.setenv(flag, "bogus")
     assert run_main(["--method", "ar", "--max-new-tokens", "2"]) == 2
-    err = capsys.readouterr().err
-    assert error_line(err).startswith(f"{ERROR}JAXSPEC_LOOP_GRAPHS='bogus'") and "Traceback" not in err, err
+    out, err = capsys.readouterr()
+    assert error_line(err).startswith(f"{ERROR}{flag}='bogus': expected one of ") and "Traceback" not in err, err
+    assert "loaded in" not in out + err
 
 
 def fake_result(tokens, rounds, hist, decode_s=1.0):
@@ -466,3 +469,15 @@ def test_the_int64_seeds_are_taken(seed, monkeypatch, capsys, tmp_path):
         return fake_result([[11]], [0], [0, 0, 0, 0, 0])
     monkeypatch.setattr(E.Engine, "generate", generate)
     assert main(["--method", "mtp", "--max-new-tokens", "1", "--seed", str(seed)]) == 0
+
+
+def test_a_cache_the_device_cannot_hold_ends_with_one_line(monkeypatch, capsys, tmp_path):
+    """Where the device's pool cannot hold the KV cache and GDN state (a GPU reports its free bytes), generate
+    stops with one line giving the sizes and the pool's fraction, status 2, instead of allocating."""
+    from jaxspec import sharding
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    monkeypatch.setattr(sharding, "device_room", lambda devices: (1000, 2000))
+    assert run_main(["--method", "ar", "--max-new-tokens", "2"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("error: the KV cache and GDN state of 1 sequence(s) of max_len ") and \
+        "GiB per device, but 0.00 GiB of the device's 0.00 GiB pool is free" in line, line

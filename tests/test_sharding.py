@@ -644,3 +644,28 @@ def test_claim_device_memory_sets_a_fraction_only_where_none_is_set(monkeypatch)
     monkeypatch.setenv(old, "0.7")       # the deprecated name: both set would stop the GPU client from starting
     S.claim_device_memory()
     assert new not in os.environ and os.environ[old] == "0.7"
+
+
+@pytest.mark.parametrize("module,argv", [
+    ("jaxspec.generate", ["--method", "ar", "--max-new-tokens", "2"]),
+    ("bench.rounds", ["--config", "tiny", "--phases", "ar"]),
+    ("bench.harness", ["--config", "tiny", "--out", "{tmp}/h.json"]),
+    ("jaxspec.train", ["eval", "--target", "jaxspec/demo/target", "--draft", "jaxspec/demo/drafter", "--text",
+                       "README.md", "--out", "{tmp}/eval.json"]),
+])
+def test_the_clis_claim_device_memory_before_the_first_device_use(module, argv, tmp_path):
+    """The fraction only counts if it is set before JAX's backends start: each CLI, in a fresh process without a
+    fraction in its environment, has set it by the time a device is first asked for (the backends' start is
+    replaced by a probe that prints the variable and ends the process)."""
+    import os
+    import subprocess
+    import sys
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    probe = ("import importlib, os, sys\nfrom jax._src import xla_bridge\n"
+             "def first_use(*a, **k):\n    print('FRACTION', os.environ.get('XLA_CLIENT_MEM_FRACTION'), flush=True)\n"
+             "    os._exit(0)\n"
+             f"xla_bridge.backends = first_use\nimportlib.import_module({module!r}).main({argv!r})\n")
+    env = {k: v for k, v in os.environ.items() if k not in S.FRACTION_VARS}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert f"FRACTION {S.MEM_FRACTION}" in run.stdout, (run.stdout, run.stderr[-2000:])

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.gdn_decode import arg_specs, pallas_triton, reference
+from pallas_kernels import dispatch
 
 
 def stacked(fn, layers):
@@ -41,7 +42,7 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=arg_specs.REAL_GDN_LAYERS)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     stack = [arg_specs.make_inputs(i, a.batch, **arg_specs.REAL, dtype=jnp.bfloat16) for i in range(a.layers)]

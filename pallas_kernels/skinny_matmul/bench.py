@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.skinny_matmul import arg_specs, pallas_mosaic, pallas_triton, reference, tiling
+from pallas_kernels import dispatch
 
 SWEEP_TILES = ((64, 128), (128, 64), (128, 128), (256, 64), (128, 256))
 
@@ -101,7 +102,7 @@ def main(argv=None):
     p.add_argument("--impls", default="", help="keep only implementations whose name starts with one of these "
                    "comma-separated prefixes (e.g. xla,pallas_mosaic); default: all")
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
     names = a.shapes.split(",")
     shapes = {**arg_specs.REAL, **arg_specs.FUSED}

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from bench.cli import writable_file
 from bench.harness import measure_copy, time_kernel, write_results
 from pallas_kernels.tree_attention import arg_specs, pallas_triton, reference
+from pallas_kernels import dispatch
 
 
 def copy_bandwidth(iters):
@@ -75,7 +76,7 @@ def main(argv=None):
     p.add_argument("--splits", default="", help="comma-separated split counts to time beside the default "
                    "(default_splits), at every prefix and size: the kernel's partials and the jnp combine included")
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     copy_bw = copy_bandwidth(a.iters)

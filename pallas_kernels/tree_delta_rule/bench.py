@@ -25,6 +25,7 @@ from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
 from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
+from pallas_kernels import dispatch
 
 
 def implementations(sweep: bool, on_gpu: bool):
@@ -70,7 +71,7 @@ def main(argv=None):
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--impls", default="", help="only these implementations (comma-separated; default: all there are)")
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     impls = implementations(a.sweep, on_gpu)

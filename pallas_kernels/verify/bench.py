@@ -20,6 +20,7 @@ from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
 from pallas_kernels.verify import api
+from pallas_kernels import dispatch
 
 VOCAB = 248320
 
@@ -40,7 +41,7 @@ def main(argv=None):
     p.add_argument("--splits", default="", help="also time the kernel with these vocabulary splits per row "
                    "(comma-separated; rows 'pallas_triton/sN', each checked against the default's choices; GPU only)")
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
     on_gpu = jax.default_backend() == "gpu"
     copy_bw = copy_bandwidth(a.iters)
