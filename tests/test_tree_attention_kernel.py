@@ -123,6 +123,9 @@ def test_dispatch(monkeypatch, seed):
     monkeypatch.setenv(api.ENV_VAR, "cuda")
     with pytest.raises(ValueError, match=api.ENV_VAR):
         api.resolve()
+    with pytest.raises(ValueError, match=api.ENV_VAR):    # refused even where an argument would win over it
+        api.resolve("reference")
+    monkeypatch.delenv(api.ENV_VAR)
     with pytest.raises(ValueError, match="implementation"):
         api.resolve("triton")
     monkeypatch.undo()

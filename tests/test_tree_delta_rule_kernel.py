@@ -241,9 +241,11 @@ def test_dispatch(monkeypatch):
     monkeypatch.setenv(api.ENV_VAR, "cuda")
     with pytest.raises(ValueError, match=api.ENV_VAR):
         api.resolve(65)
+    with pytest.raises(ValueError, match=api.ENV_VAR):    # refused even where an argument would win over it
+        api.resolve(65, "xla")
+    monkeypatch.delenv(api.ENV_VAR)
     with pytest.raises(ValueError, match="implementation"):
         api.resolve(65, "triton")
-    monkeypatch.delenv(api.ENV_VAR)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     # On the GPU: the kernels for 2..128 nodes, the xla solver for the one-node step and larger trees.
     assert api.resolve(16) == api.resolve(65) == api.resolve(128) == "pallas_triton"
