@@ -237,6 +237,7 @@ def main(argv=None):
                     "OUT.partial)")
     args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--out", args.out)
+    S.claim_device_memory()
     if args.profile:    # a directory, made if missing (was: FileExistsError after the first method's timing)
         writable_dir(ap, "--profile", args.profile, Path(args.profile))
     contexts = H.parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip() else []

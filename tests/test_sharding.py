@@ -650,6 +650,7 @@ def test_claim_device_memory_sets_a_fraction_only_where_none_is_set(monkeypatch)
     ("jaxspec.generate", ["--method", "ar", "--max-new-tokens", "2"]),
     ("bench.rounds", ["--config", "tiny", "--phases", "ar"]),
     ("bench.harness", ["--config", "tiny", "--out", "{tmp}/h.json"]),
+    ("bench.tp", ["--config", "tiny", "--tp", "2"]),
     ("jaxspec.train", ["eval", "--target", "jaxspec/demo/target", "--draft", "jaxspec/demo/drafter", "--text",
                        "README.md", "--out", "{tmp}/eval.json"]),
 ])
