@@ -109,3 +109,18 @@ def test_a_rerun_keeps_a_finished_result_and_records_its_settings(tmp_path, monk
     res = json.loads(out.read_text())
     assert res["complete"] is True and res["phases"]["ar_round_device_loop"] == {"median_ms": 1.0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_a_cache_the_device_cannot_hold_stops_before_any_timing(tmp_path, monkeypatch, capsys):
+    """Where the pool reports fewer free bytes than one target state and drafter cache of --max-len slots (on an
+    80 GB card at 128K the run stalled for 9 min, bench/results/2026-12-05-h100-s57/), the run stops with the
+    sizes, before any phase and with nothing written to --out."""
+    from jaxspec import sharding
+    monkeypatch.setattr(sharding, "device_room", lambda devices: (1000, 2000))
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as e:
+        rounds.main(["--context", "64", "--phases", "ar", "--k", "2", "--ar-rounds", "2", "--max-len", "110", "--out",
+                     str(out)])
+    assert str(e.value).startswith("error: a target state and a drafter cache of max_len 110 (the longest --context "
+                                   "64 and the timed calls' room) needs ") and "--context values" in str(e.value)
+    assert "ar_step" not in capsys.readouterr().err and not out.exists()
