@@ -3,8 +3,9 @@ at the longest prefix, and an 8K prefill, each against its goal and the roofline
 
     JAX_PLATFORMS=cuda python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --out DIR
 
-Five parts, each in its own process so that each starts with the whole GPU (the real model's weights are
-51 GB), each writing its JSON into DIR before the next starts:
+Five parts, each in its own process so that each starts with the GPU's memory free (the real model's weights are
+51 GB; each part's JAX takes 90% of the GPU unless XLA_CLIENT_MEM_FRACTION says otherwise), each writing its JSON
+into DIR before the next starts:
 
 1. `bench.rounds --phases ar,dflash,ddtree` at every context: AR step (back to back and inside the engine's
    device loop), drafter step, verify(16) and verify(B + 1), tree build, accept + commit, DFlash and

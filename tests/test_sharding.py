@@ -651,6 +651,7 @@ def test_claim_device_memory_sets_a_fraction_only_where_none_is_set(monkeypatch)
     ("bench.rounds", ["--config", "tiny", "--phases", "ar"]),
     ("bench.harness", ["--config", "tiny", "--out", "{tmp}/h.json"]),
     ("bench.tp", ["--config", "tiny", "--tp", "2"]),
+    ("convert.__main__", ["target", "jaxspec/demo/target", "{tmp}/converted"]),
     ("jaxspec.train", ["eval", "--target", "jaxspec/demo/target", "--draft", "jaxspec/demo/drafter", "--text",
                        "README.md", "--out", "{tmp}/eval.json"]),
 ])
