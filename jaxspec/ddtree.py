@@ -123,15 +123,14 @@ _VOCAB_CHUNK = 2048
 # is every selection of a tree of up to 64 nodes (beams of 64 x 64 candidates, 15 x 64 final entries, the
 # vocabulary in levels of at most COUNT_ROW chunks); larger ones sort.
 TOP_K_ENV = "JAXSPEC_DDTREE_TOP_K"
-TOP_K_METHODS = DDTREE_TOP_K_METHODS
 COUNT_MAX = 4096
 
 
 def top_k_method(c: int) -> str:
     """The method for rows of c entries."""
     m = os.environ.get(TOP_K_ENV) or ("count" if jax.default_backend() == "gpu" else "sort")
-    if m not in TOP_K_METHODS:
-        raise ValueError(f"{TOP_K_ENV}={m!r}: expected one of {', '.join(TOP_K_METHODS)}")
+    if m not in DDTREE_TOP_K_METHODS:
+        raise ValueError(f"{TOP_K_ENV}={m!r}: expected one of {', '.join(DDTREE_TOP_K_METHODS)}")
     return m if c <= COUNT_MAX else "sort"
 
 

@@ -633,8 +633,9 @@ def test_room_problem_weighs_each_devices_share_of_a_state(target, monkeypatch):
 def test_claim_device_memory_sets_a_fraction_only_where_none_is_set(monkeypatch):
     import os
     new, old = S.FRACTION_VARS
-    for v in S.FRACTION_VARS:
-        monkeypatch.delenv(v, raising=False)
+    for v in S.FRACTION_VARS:     # unset for this test and restored after it (claim_device_memory sets one)
+        monkeypatch.setenv(v, "")
+        monkeypatch.delenv(v)
     S.claim_device_memory()
     assert os.environ[new] == S.MEM_FRACTION and old not in os.environ
     monkeypatch.setenv(new, "0.5")
