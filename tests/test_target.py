@@ -172,6 +172,31 @@ def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
 
 
 
+def test_tree_commit_moves_kv_rows_in_place(tiny_hf):
+    """A tree's commit moves the accepted rows of each full-attention layer's cache in place: compiled with the
+    state donated, it copies no cache-sized buffer (a copy would cost a pass over every layer's whole cache in
+    each DDTree round). The move gathers rows from the cache and scatters them back into it. Passed on an H100
+    too (JAX_PLATFORMS=cuda, -m "gpu or not gpu"; session 58), where no copy was found in the round loop either."""
+    import functools
+    import re
+
+    import jax
+
+    from jaxspec.model import commit
+
+    model = load_target(tiny_hf[0], dtype="float32")
+    fwd, _ = jitted(model)
+    slots = 4099                     # a length no other buffer has
+    parent = jnp.asarray([[-1, 0, 0, 1, 2, 4, 4, 5]])
+    tr = trees.from_parents(parent)
+    _, _, st, pend = fwd(jnp.arange(8)[None], init_state(model.cfg, 1, slots), tr)
+    path = jnp.asarray([[0, 2, 4, 6, 0][:tr.longest_path]])
+    com = jax.jit(functools.partial(commit, model.cfg, tree=tr), donate_argnums=(0,))
+    text = com.lower(st, pend, path=path, n=jnp.asarray([4])).compile().as_text()
+    copies = [ln for ln in text.splitlines() if re.search(rf"\b{slots}\b[^=]*\b(copy|copy-start)\(", ln)]
+    assert any(re.search(rf"\b{slots}\b.*scatter", ln) for ln in text.splitlines())     # the move is compiled
+    assert not copies, "\n".join(copies[:4])
+
 def test_norm_scale_after_the_product(tmp_path):
     """RMSNorm.deferred leaves the 1 / rms scale for after the product: (x * (1 + w)) @ W * r = norm(x) @ W, and the
     target built on it gives transformers' logits."""

@@ -4,8 +4,9 @@
 # loose under $OUT and the device did not return table.md: too many files).
 #   OUT=... bash bench/next/table.sh [extra bench.table flags]     (writes $OUT/table.tgz)
 # Any JAXSPEC_* flag set in the environment reaches the parts and is named in table.md.
-# On an 80 GB H100 add `--contexts 1024,32768` (later flags win): the 128K cache did not fit there (session 57,
-# under JAX's default 75% pool), and the 8K prefill (one piece) needs the H200.
+# On an 80 GB H100 the 3 contexts fit with `--prefill 2048` (session 58; the 8K prefill, one piece, needs the
+# H200), but XLA rematerializes the round loop near the card's memory: DDTree(63) at 1K +2.3 ms with the 128K
+# cache. For the 1K rows on an H100 add `--contexts 1024,32768` (later flags win).
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
 W=$(mktemp -d)
