@@ -4,7 +4,7 @@
 
 One run measures, on whatever device JAX sees:
   * the ceilings: device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate;
-  * prefill of a P-token prompt (chain forward + commit), with the FLOP rate;
+  * prefill of a P-token prompt (a chain forward that commits as it goes: `Qwen35(commit_n=...)`), with the FLOP rate;
   * the AR decode step (forward of one token on top of a context, commit, argmax) at each context,
     against the HBM roofline (bytes that must be read / measured copy bandwidth);
   * optionally a kernel profile of the step, charged to the model's parts (attention, GDN, MLP, ...),
@@ -471,10 +471,8 @@ def make_prefill(graphdef, cfg: TargetConfig):
         model = nnx.merge(graphdef, params)
         b, p = tokens.shape
         tr = chain(b, p)
-        logits, _, state, pending = model(tokens, state, tr, logit_index=jnp.full((b,), p - 1, jnp.int32))
-        with jax.named_scope("commit"):
-            path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-            state = M.commit(cfg, state, pending, tr, path, jnp.full((b,), p, jnp.int32))
+        n = jnp.full((b,), p, jnp.int32)
+        logits, _, state, _ = model(tokens, state, tr, logit_index=n - 1, commit_n=n)   # committed as it goes
         return state, jnp.argmax(logits, -1).astype(jnp.int32)[:, None]
     return prefill
 

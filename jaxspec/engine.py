@@ -362,9 +362,7 @@ class Engine:
         b, p = tokens.shape
         tr = trees.chain(b, p)
         idx = jnp.maximum(n - 1, 0)
-        logits, taps, new, pend = model(tokens, state, tr, taps=self.spec.taps, logit_index=idx)
-        path = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-        new = commit(self.cfg, new, pend, tr, path, n)
+        logits, taps, new, _ = model(tokens, state, tr, taps=self.spec.taps, logit_index=idx, commit_n=n)
         draft = self.spec.start(params[1], model, draft, taps, n, tokens)
         new, draft = constrain_state(self.mesh, (new, draft))
         return logits, new, draft

@@ -260,10 +260,11 @@ class GatedDeltaNet(nnx.Module):
         self.norm = RMSNorm(cfg.linear_value_head_dim, eps=cfg.rms_norm_eps, offset=0.0, dtype=dt)
         self.out_proj = Linear(cfg.value_dim, d, dtype=dt, rngs=rngs)
 
-    def __call__(self, x, history, s0, tree: Tree, row_scale=None):
-        """`row_scale` as in MLP."""
+    def __call__(self, x, history, s0, tree: Tree, row_scale=None, commit_n=None):
+        """`row_scale` as in MLP. Returns (y, GDNPending), or with commit_n [B] (a chain: `Qwen35`'s
+        commit_n) (y, (conv history, state)) after its first commit_n[b] tokens."""
         cfg = self.cfg
-        if x.shape[1] == 1 and gdn_decode_api.resolve() != "reference":
+        if x.shape[1] == 1 and gdn_decode_api.resolve() != "reference" and commit_n is None:
             return self.decode(x, history, s0, row_scale)
         b, n, _ = x.shape
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -279,10 +280,17 @@ class GatedDeltaNet(nnx.Module):
         rows = jnp.stack([window_index(tree, d, kw - 1) for d in range(kw)], 1)               # [B, K, N]
         q, k, v, g, beta = _gdn_tree_inputs(y, history, self.conv1d[...], self.A_log[...], self.dt_bias[...],
                                             rows, dk=dk, dv=dv)
-        o, delta, G, s_mid = delta_rule(q, k, v, g, beta, tree, s0)
+        if commit_n is None:
+            o, delta, G, s_mid = delta_rule(q, k, v, g, beta, tree, s0)
+            after = GDNPending(conv_in, k, delta, G, s_mid)
+        else:
+            o, s1 = delta_rule(q, k, v, g, beta, tree, s0, commit_n)
+            last = jnp.maximum(commit_n - 1, 0)
+            h1 = conv_window(tree, last, history, conv_in)
+            after = (jnp.where((commit_n > 0)[:, None, None], h1, history), s1)
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
-        return self.out_proj(o.reshape(b, n, cfg.value_dim)), GDNPending(conv_in, k, delta, G, s_mid)
+        return self.out_proj(o.reshape(b, n, cfg.value_dim)), after
 
     def decode(self, x, history, s0, row_scale=None):
         """The one-token step through the fused kernel (pallas_kernels/gdn_decode: the GPU default,
@@ -318,6 +326,16 @@ def window_index(tree: Tree, distance: int, hist: int):
     return jnp.where(anc >= 0, hist + anc, hist + tree.depth - distance)
 
 
+def conv_window(tree: Tree, last, history, conv_in):
+    """The conv history after node last [B]: its window of the last K-1 pre-conv inputs, from the committed
+    history [B, K-1, C] and the nodes' conv_in [B, N, C]."""
+    hist = history.shape[1]
+    win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
+    win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
+    ext = jnp.concatenate([history.astype(conv_in.dtype), conv_in], 1)
+    return jnp.take_along_axis(ext, win[..., None], 1).astype(history.dtype)
+
+
 def cached_tree_attention(q, keys, values, start, anc):
     """`tree_attention` (pallas_kernels/tree_attention) for the target's and the drafter's full-attention
     layers. The Pallas kernel runs per shard (shard_map over batch and heads) under a mesh; the jnp
@@ -344,28 +362,52 @@ def _tree_delta_rule(q, k, v, g, beta, anc, s0):
     return tree_delta_rule(q, k, v, g, beta, anc, s0)
 
 
-def delta_rule(q, k, v, g, beta, tree: Tree, s0):
-    """Trees run as one block; chains in blocks of CHUNK with the state carried between blocks."""
+def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
+    """Trees run as one block; chains in blocks of CHUNK with the state carried between blocks.
+
+    Returns (o, delta, G, s_mid) for `commit`; with commit_n [B] (a chain), (o, s1): s1 the state after token
+    commit_n - 1 (s0 where commit_n = 0), taken inside the scan over blocks, so that no per-token term outlives
+    its block."""
     n = q.shape[1]
+    b = q.shape[0]
+    if commit_n is not None:
+        keep, last = commit_n > 0, jnp.maximum(commit_n - 1, 0)                        # [B]
+        at = lambda s, kb, delta, G, idx: state_at(          # the state after node idx [B] of a block entered at s
+            s, kb, delta, G, jnp.arange(kb.shape[1])[None] <= idx[:, None],
+            jnp.take_along_axis(G, idx[:, None, None], 1)[:, 0])
+        put = lambda here, s1, s: jnp.where(here[:, None, None, None], s1, s)
     if not tree.chain or n <= CHUNK:
         o, delta, G = _tree_delta_rule(q, k, v, g, beta, tree.anc, s0)
+        if commit_n is not None:
+            return o, put(keep, at(s0.astype(jnp.float32), k, delta, G, last), s0.astype(jnp.float32))
         return o, delta, G, jnp.zeros((s0.shape[0], 0) + s0.shape[1:], jnp.float32)
     nb = -(-n // CHUNK)
     pad = nb * CHUNK - n
     # Padded nodes have beta = 0 and g = 0: they leave the state untouched.
     q, k, v, g, beta = (jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in (q, k, v, g, beta))
     blocks = tuple(x.reshape((x.shape[0], nb, CHUNK) + x.shape[2:]).swapaxes(0, 1) for x in (q, k, v, g, beta))
-    b = q.shape[0]
     anc = jnp.broadcast_to(jnp.tril(jnp.ones((CHUNK, CHUNK), bool)), (b, CHUNK, CHUNK))
-    last = jnp.ones((b, CHUNK), bool)
+    every = jnp.ones((b, CHUNK), bool)
+    unblock = lambda x: x.swapaxes(0, 1).reshape((b, nb * CHUNK) + x.shape[3:])[:, :n]
+
+    if commit_n is not None:
+        def step_commit(carry, blk):
+            s, s1, j = carry
+            qb, kb, vb, gb, bb = blk
+            o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
+            s1 = put(keep & (last // CHUNK == j), at(s, kb, delta, G, last % CHUNK), s1)
+            return (state_at(s, kb, delta, G, every, G[:, -1]), s1, j + 1), o
+
+        s_0 = s0.astype(jnp.float32)
+        (_, s1, _), o = jax.lax.scan(step_commit, (s_0, s_0, jnp.int32(0)), blocks)
+        return unblock(o), s1
 
     def step(s, blk):
         qb, kb, vb, gb, bb = blk
         o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
-        return state_at(s, kb, delta, G, last, G[:, -1]), (o, delta, G, s)
+        return state_at(s, kb, delta, G, every, G[:, -1]), (o, delta, G, s)
 
     _, (o, delta, G, s_in) = jax.lax.scan(step, s0.astype(jnp.float32), blocks)
-    unblock = lambda x: x.swapaxes(0, 1).reshape((b, nb * CHUNK) + x.shape[3:])[:, :n]
     return unblock(o), unblock(delta), unblock(G), s_in[1:].swapaxes(0, 1)
 
 
@@ -437,7 +479,7 @@ class Qwen35(nnx.Module):
         return mask_vocab(jnp.einsum("...d,dv->...v", h, self.unembedding()).astype(jnp.float32) * r,
                           self.cfg.vocab_size)
 
-    def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None):
+    def __call__(self, tokens, state: State, tree: Tree, *, taps=(), logit_index=None, commit_n=None):
         """Verify forward of a tree of N tokens per sequence on top of `state`.
 
         tokens [B,N]; node i sits at RoPE position length + depth[i] and sees the committed prefix plus
@@ -445,11 +487,20 @@ class Qwen35(nnx.Module):
         [B,N,len(taps),D] = outputs of those decoder layers as transformers' hidden_states[i + 1] gives them, which
         z-lab's drafters read (the last layer's after the final norm: HF's last entry), state with the tree's K/V
         written to slots length..length+N-1, Pending for `commit`).
+
+        commit_n [B] (a chain only: a prefill): commit the first commit_n[b] tokens as the forward goes: each GDN
+        layer takes its state after token commit_n[b] - 1 inside the delta rule's scan over blocks, so that none
+        of the per-token terms `commit` needs (~100 KB a token a layer at the real shape) is kept. Returns the
+        committed state (what `commit` gives with the path 0..N-1) and an empty Pending.
         """
+        if commit_n is not None and not tree.chain:
+            raise ValueError("commit_n commits a chain as the forward goes; a tree's path is known only after "
+                             "verification (use commit)")
         start = state.length
         positions = start[:, None] + tree.depth
         x = self.embed(tokens)
         keys, values, pend, tapped = list(state.keys), list(state.values), [], {}
+        conv, ssm = list(state.conv), list(state.ssm)
         fi = li = 0
         h, r = self.layers[0].input_layernorm.deferred(x)   # each norm's scale r is taken after its product
         for i, layer in enumerate(self.layers):
@@ -457,8 +508,11 @@ class Qwen35(nnx.Module):
                 h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree, r)
                 fi += 1
             else:
-                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree, r)
-                pend.append(p)
+                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree, r, commit_n)
+                if commit_n is None:
+                    pend.append(p)
+                else:
+                    conv[li], ssm[li] = p
                 li += 1
             x, h, r = add_norm(x, h, layer.post_attention_layernorm)
             h = layer.mlp(h, r)
@@ -472,6 +526,8 @@ class Qwen35(nnx.Module):
             x = jnp.take_along_axis(x, logit_index[:, None, None], 1)[:, 0]
         tap_out = jnp.stack([tapped[i] for i in taps], 2) if taps else None
         new = dataclasses.replace(state, keys=tuple(keys), values=tuple(values))
+        if commit_n is not None:
+            new = dataclasses.replace(new, length=start + commit_n, conv=tuple(conv), ssm=tuple(ssm))
         return self.logits(x), tap_out, new, Pending(tuple(pend))
 
 
@@ -521,9 +577,6 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
         keys, values = tuple(map(move, keys)), tuple(map(move, values))
 
     block = last // CHUNK if tree.chain else jnp.zeros_like(last)
-    hist = cfg.conv_kernel - 1
-    win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
-    win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
     conv, bases, g_lasts = [], [], []
     for s0, h0, p in zip(state.ssm, state.conv, pending.gdn):
         base = s0
@@ -532,9 +585,7 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
             base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
         bases.append(base)
         g_lasts.append(jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0])
-        ext = jnp.concatenate([h0.astype(p.conv_in.dtype), p.conv_in], 1)
-        h1 = jnp.take_along_axis(ext, win[..., None], 1).astype(h0.dtype)
-        conv.append(jnp.where(keep[:, None, None], h1, h0))
+        conv.append(jnp.where(keep[:, None, None], conv_window(tree, last, h0, p.conv_in), h0))
     ssm = []
     if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
         gdn = pending.gdn

@@ -172,6 +172,50 @@ def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
 
 
 
+@pytest.mark.parametrize("p, part", [(150, 70), (40, 23)])
+def test_forward_committing_as_it_goes_equals_commit(tiny_hf, p, part):
+    """A chain forward with commit_n (each GDN layer takes its committed state inside the delta rule's scan, as
+    the prefill runs) leaves the state that the forward then `commit` leaves, and the same logits: across blocks
+    of the chunked delta rule (150 tokens: 64 + 64 + 22) and in one block (40), for rows committing all of the
+    piece, part of it (70: inside the second block) and none of it (a finished row keeps its state)."""
+    import jax
+    from flax import nnx
+
+    from jaxspec.model import commit
+
+    model = load_target(tiny_hf[0], dtype="float32")
+    fwd, com = jitted(model)
+    graphdef, params = nnx.split(model)
+    rng = np.random.RandomState(5)
+    b = 3
+    base = init_state(model.cfg, b, 192)
+    _, _, base, pend = fwd(jnp.asarray(rng.randint(0, 512, (b, 7))), base, trees.chain(b, 7))
+    base = _commit_chain(com, base, pend, 7, 7)
+    tokens = jnp.asarray(rng.randint(0, 512, (b, p)))
+    tr, n = trees.chain(b, p), jnp.asarray([p, part, 0], jnp.int32)
+    path = jnp.broadcast_to(jnp.arange(p), (b, p))
+
+    logits, _, st, pend = fwd(tokens, base, tr)
+    ref = com(st, pend, tr, path, n)
+
+    @jax.jit
+    def as_it_goes(params, tokens, state, n, tr):
+        return nnx.merge(graphdef, params)(tokens, state, tr, commit_n=n)
+
+    got_logits, _, got, got_pend = as_it_goes(params, tokens, base, n, tr)
+    assert got_pend.gdn == ()
+    np.testing.assert_array_equal(got.length, [7 + p, 7 + part, 7])
+    np.testing.assert_array_equal(got.length, ref.length)
+    np.testing.assert_allclose(got_logits, logits, rtol=1e-6, atol=1e-6)
+    for x, y in zip(got.keys + got.values + got.conv, ref.keys + ref.values + ref.conv):
+        np.testing.assert_array_equal(x, y)
+    for x, y, s0 in zip(got.ssm, ref.ssm, base.ssm):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(x[2], s0[2])               # the row that commits nothing
+        assert not np.allclose(x[1], s0[1], atol=1e-3)           # the partial row moved on
+    with pytest.raises(ValueError, match="chain"):
+        model(tokens[:, :4], base, trees.from_parents(jnp.asarray([[-1, 0, 0, 1]] * b)), commit_n=n)
+
 def test_tree_commit_moves_kv_rows_in_place(tiny_hf):
     """A tree's commit moves the accepted rows of each full-attention layer's cache in place: compiled with the
     state donated, it copies no cache-sized buffer (a copy would cost a pass over every layer's whole cache in
