@@ -4,8 +4,8 @@
 # rule, 75ab8b4: lossless with every kernel on, ~3 min).
 #   H200: then #6's table (bench/next/table.sh, its 8K prefill the first since that change), in a second call:
 #         this one stops after the tests.
-#   H100: then the 8K prefill alone (peak predicted 70-75 GB: it may fit now; out of memory in session 57) and the remat check
-#         (bench/next/s58_remat.sh with SLOP=120).
+#   H100: then the 8K prefill alone (peak predicted 70-75 GB: it may fit now; out of memory in session 57)
+#         and the remat check (bench/next/s58_remat.sh with SLOP=120).
 #   OUT=... bash bench/next/s59.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
