@@ -162,6 +162,13 @@ LOOP_GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla
 SPLIT_K_NODES = 64
 SPLIT_K_OPTIONS = {"xla_gpu_experimental_force_split_k": 1}
 
+# XLA plans the round loop's memory against 95% of the device's pool by default (its slop factor); near that limit
+# it rematerializes, and the loop gets longer. On an H100 (53.8 GB of weights, a 137,292-slot cache), the DDTree(63)
+# round at 128K context: 39.76 ms at the default (189 instructions rematerialized), 37.04 at 100, 36.99 at 120; at
+# 1K context with the same cache 28.95 (session 58) against 26.12 at 100 (bench/results/2026-12-06-h100-s59/). The
+# loops ran within the pool at 100 and at 120. Not applied where XLA_FLAGS sets the factor.
+MEMORY_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 100}
+
 
 def loop_compiler_options(spec: Speculator) -> dict:
     """XLA options for the engine's round loop, from JAXSPEC_LOOP_GRAPHS: `all` (default: every method's loop
@@ -171,13 +178,15 @@ def loop_compiler_options(spec: Speculator) -> dict:
     18.15 -> 17.96 ms and DDTree(63) 23.16 -> 22.83 ms with `all` against `ar` (17.49 / 22.38 with calls queued,
     bench/results/2026-12-04-h200-s40/loops/). At XLA's default minimum graph size (5, before session 39) `all` had
     made those two loops 1.4 / 1.1 ms longer (bench/results/2026-12-02-h200-s23-peel-graphs-eval/). A loop that
-    verifies SPLIT_K_NODES or more nodes a round also gets SPLIT_K_OPTIONS, whatever the variable says."""
+    verifies SPLIT_K_NODES or more nodes a round also gets SPLIT_K_OPTIONS, whatever the variable says, and every
+    loop gets MEMORY_OPTIONS unless XLA_FLAGS sets that factor."""
     mode = os.environ.get("JAXSPEC_LOOP_GRAPHS") or "all"
     if mode not in LOOP_GRAPHS_MODES:
         raise ValueError(f"JAXSPEC_LOOP_GRAPHS={mode!r}: expected one of {', '.join(LOOP_GRAPHS_MODES)}")
     on = mode == "all" or (mode == "ar" and isinstance(spec, AR))
     split = SPLIT_K_OPTIONS if spec.tree_size >= SPLIT_K_NODES else {}
-    return (LOOP_GRAPH_OPTIONS if on else {}) | split
+    memory = {} if "xla_gpu_memory_limit_slop_factor" in os.environ.get("XLA_FLAGS", "") else MEMORY_OPTIONS
+    return (LOOP_GRAPH_OPTIONS if on else {}) | split | memory
 
 
 def int_arg(value, name: str, error: type[Exception] = ValueError) -> int:

@@ -103,15 +103,16 @@ def test_loop_graphs_flag(tiny, monkeypatch):
     reach the round loop's jit; a CPU ignores them, so their tokens are checked on the GPU below); a bad value is
     refused naming the variable."""
     from jaxspec.dflash import DFlash
-    from jaxspec.engine import AR, LOOP_GRAPH_COMMANDS, loop_compiler_options
-    graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1}
+    from jaxspec.engine import AR, LOOP_GRAPH_COMMANDS, MEMORY_OPTIONS, loop_compiler_options
+    memory = MEMORY_OPTIONS
+    graphs = {"xla_gpu_enable_command_buffer": LOOP_GRAPH_COMMANDS, "xla_gpu_graph_min_graph_size": 1} | memory
     spec = object.__new__(DFlash)
     monkeypatch.delenv("JAXSPEC_LOOP_GRAPHS", raising=False)
     assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == graphs   # the default: `all`
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "ar")
-    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == {}
+    assert loop_compiler_options(AR()) == graphs and loop_compiler_options(spec) == memory
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "none")
-    assert loop_compiler_options(AR()) == {} and loop_compiler_options(spec) == {}
+    assert loop_compiler_options(AR()) == memory and loop_compiler_options(spec) == memory
     monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "while")
     with pytest.raises(ValueError, match="JAXSPEC_LOOP_GRAPHS='while'"):
         loop_compiler_options(AR())
@@ -122,9 +123,26 @@ def test_loop_graphs_flag(tiny, monkeypatch):
         monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", env)
         given.clear()
         engine = Engine(model)
-        assert given and given.count(graphs) == count and all(o in (graphs, None) for o in given), (env, given)
+        assert given and given.count(graphs) == count and all(o in (graphs, memory, None) for o in given), (env, given)
     monkeypatch.setattr(jax, "jit", jit)
     assert len(engine.generate(_prompts()[:2], 4).tokens) == 2     # a CPU compiles the loop with them (ignored)
+
+
+def test_loops_plan_memory_to_the_pool(monkeypatch):
+    """Every round loop compiles with XLA's memory-limit slop factor at 100 (its default 95 made XLA rematerialize
+    near an H100's limit); a factor set in XLA_FLAGS is left to XLA, and the other options stay."""
+    from jaxspec.engine import AR, MEMORY_OPTIONS, loop_compiler_options
+    assert MEMORY_OPTIONS == {"xla_gpu_memory_limit_slop_factor": 100}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    for env in ("all", "none"):
+        monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", env)
+        for rows in (1, 64):
+            assert MEMORY_OPTIONS.items() <= loop_compiler_options(AR(rows)).items(), (env, rows)
+    monkeypatch.setenv("JAXSPEC_LOOP_GRAPHS", "all")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_memory_limit_slop_factor=95")
+    options = loop_compiler_options(AR(64))
+    assert "xla_gpu_memory_limit_slop_factor" not in options and "xla_gpu_enable_command_buffer" in options
+    assert "xla_gpu_experimental_force_split_k" in options
 
 
 @pytest.mark.parametrize("graphs_env", ["all", "none"])

@@ -65,21 +65,6 @@ def test_kernel_gram_either_side(seed, n, gram_inside):
     assert_matches(interpret(*args, gram_inside=gram_inside), reference.tree_delta_rule(*args))
 
 
-@pytest.mark.parametrize("tile", [32, 64])
-@pytest.mark.parametrize("n,shape", [(5, "tree"), (33, "chain"), (64, "tree"), (65, "tree"), (100, "ragged")])
-def test_kernel_larger_tiles(seed, tile, n, shape):
-    """Tiles of 32 or 64 rows (one tile up to that size, padding rows beyond it, ragged sequences): the same
-    answer as the reference, grouped heads and several key chunks included."""
-    args, _ = make_inputs(seed, Spec(2, n, 6, 64, 32, shape, key_heads=2))
-    assert_matches(interpret(*args, tile=tile, key_chunk=16), reference.tree_delta_rule(*args))
-
-
-def test_kernel_refuses_other_tiles(seed):
-    args, _ = make_inputs(seed, Spec(1, 20, 2, 16, 16, "tree"))
-    with pytest.raises(ValueError, match="tile=24; expected 16, 32 or 64"):
-        interpret(*args, tile=24)
-
-
 @pytest.mark.parametrize("option", ["precision", "gram_precision"])
 def test_kernel_refuses_unknown_precision(seed, option):
     args, _ = make_inputs(seed, Spec(1, 20, 2, 16, 16, "tree"))
@@ -293,13 +278,14 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
-@pytest.mark.parametrize("n,tile", [(1, None), (16, None), (65, None), (64, 32), (65, 64)])
+@pytest.mark.parametrize("n", [1, 16, 65])
 @pytest.mark.parametrize("precision", [None] + sorted(pallas_triton.PRECISIONS))
-def test_triton_lowering(n, tile, precision):
+def test_triton_lowering(n, precision):
     """The compiled path's lowering to Triton IR, for an abstract H200, at the real head dims: power-of-
     two shapes, supported primitives, prepare + apply, the dot precision (the kernels' and the Gram product's;
     None: the defaults, fp32 FMA dots in the kernels and three tf32 passes for the Gram product); one tile (Gram
-    tiles inside) and five; tiles of 32 and 64 rows. (Compiling it needs the GPU.)"""
+    tiles inside) and five.
+    (Compiling it needs the GPU.)"""
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
     f32 = jnp.float32
@@ -309,15 +295,13 @@ def test_triton_lowering(n, tile, precision):
               S((b, n, h), f32), S((b, n, n), jnp.bool_), S((b, h, dk, dv), f32))
     h200 = AbstractDevice(device_kind="NVIDIA H200", platform="gpu", num_cores=132)
     options = {} if precision is None else dict(precision=precision, gram_precision=precision)
-    options |= {} if tile is None else dict(tile=tile)
-    tile = tile or pallas_triton.TILE
     fn = jax.jit(lambda *a: pallas_triton.tree_delta_rule(*a, **options))
     with use_abstract_mesh(AbstractMesh((), (), abstract_device=h200)):
         hlo = fn.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert hlo.count("__gpu$xla.gpu.triton") == 2
     # Beyond one tile, one product ahead of the kernels forms Q K^T and K K^T, at the precision asked for.
-    assert hlo.count("stablehlo.dot_general") == (n > tile)
-    if n > tile:
+    assert hlo.count("stablehlo.dot_general") == (n > pallas_triton.TILE)
+    if n > pallas_triton.TILE:
         dot = next(line for line in hlo.splitlines() if "stablehlo.dot_general" in line)
         assert ("[HIGHEST, HIGHEST]" if precision == "ieee" else "num_primitive_operations = 3") in dot
     assert "triangular_solve" not in hlo
@@ -427,10 +411,8 @@ def test_gpu_kernel_tuning_variants(seed, block_dv, key_chunk, num_warps):
 
 
 # The opt-in variants, compiled, at the real shape: the Gram products ahead of the kernels in fp32 FMA dots
-# (gram_precision="ieee"; the default forms them in three tf32 passes), tiles of 32 and 64 rows.
-GPU_VARIANTS = [({"gram_precision": "ieee"}, 64, "tree"), ({"gram_precision": "ieee"}, 65, "chain"),
-                ({"tile": 32}, 64, "tree"), ({"tile": 32}, 65, "chain"), ({"tile": 64}, 64, "tree"),
-                ({"tile": 64, "num_warps": 8}, 65, "tree")]
+# (gram_precision="ieee"; the default forms them in three tf32 passes).
+GPU_VARIANTS = [({"gram_precision": "ieee"}, 64, "tree"), ({"gram_precision": "ieee"}, 65, "chain")]
 
 
 @on_gpu

@@ -7,7 +7,7 @@ Each timed call is one jit applying the op `--layers` times in sequence (unrolle
 GDN layers, each layer's state depending on the previous output so that nothing is hoisted), so
 launch overhead is amortised as in a decode step; reported per layer, synchronised and on the device
 (bench.profile.device_time, the kernels' summed durations). `--sweep` adds the kernel's
-tuning variants (where the Gram tiles and M are formed, rows per tile, dot precision, value slice, key chunk, warps).
+tuning variants (where the Gram tiles and M are formed, dot precision, value slice, key chunk, warps).
 Each row also gives the bytes a layer's call reads and writes (its inputs, the state included, and its outputs) over its device time, against a
 device copy measured in the same run (`frac_of_copy`): the op streams the fp32 state, so that is its ceiling.
 The error (`rel_err_vs_reference`, o and delta of the last layer) is against the reference, run untimed.
@@ -38,11 +38,6 @@ def implementations(sweep: bool, on_gpu: bool):
         impls["pallas_triton/gram_outside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=False)
         impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
         impls["pallas_triton/gram_ieee"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="ieee")
-        for tile, num_warps in ((32, 4), (32, 8), (64, 4), (64, 8)):
-            impls[f"pallas_triton/tile{tile}/w{num_warps}"] = functools.partial(
-                pallas_triton.tree_delta_rule, tile=tile, num_warps=num_warps)
-        impls["pallas_triton/tile64/w8/gram_outside"] = functools.partial(
-            pallas_triton.tree_delta_rule, tile=64, num_warps=8, gram_inside=False)
         for precision in sorted(pallas_triton.PRECISIONS):
             for block_dv in (32, 64, 128):
                 for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):

@@ -50,7 +50,10 @@ is regrouped, as in the chunked (WY/UT) form of the delta rule, into
   (20.0 / 46.6 / 58.9 with chunks of 32, 20.5 / 53.0 / 67.3 with 64): at most 1 us a layer, 0.05 ms a round, where
   keeping it needed 0.15. And `one_kernel`, prepare and apply as one kernel for a block of one tile, each
   program solving its head's tile itself: 18.1 against 19.2 us a layer at N = 16 in the op bench, but the
-  DFlash round at 1K was 17.38 against 17.39 ms (session 50, bench/results/2026-12-05-h200-s50/).
+  DFlash round at 1K was 17.38 against 17.39 ms (session 50, bench/results/2026-12-05-h200-s50/). And `tile`,
+  tiles of 32 or 64 rows (fewer, larger dots in both kernels' chains): on an H100 at N = 64, 91.3 / 50.9 us a layer
+  with 32-row tiles and 4 / 8 warps, 1365 / 284.5 with 64-row tiles, against the default's 46.8; at N = 65 161.8 /
+  101.1 against 59.6 (session 59, bench/results/2026-12-06-h100-s59/tdr-tiles-ops/).
 
 Every value a program computes and reads again stays in its registers; anything read across tiles
 goes through the next kernel (reading back a program's own writes would need a barrier between its
@@ -130,7 +133,7 @@ def _unit_lower_inverse(a, precision):
     return inv
 
 
-def _prepare_kernel(*refs, n, tile, precision, gram_inside):
+def _prepare_kernel(*refs, n, precision, gram_inside):
     """Per (batch row, value head): G = anc g, then Tb and M tile by tile, each tile written out as soon as it is
     known. With `gram_inside` (blocks of one tile: a DFlash block of 16) the Gram tiles K_i K_j^T and Q_i K_j^T
     are dots of this program's own Q and K rows; else they are read from the product made ahead of the kernel."""
@@ -142,9 +145,9 @@ def _prepare_kernel(*refs, n, tile, precision, gram_inside):
     else:
         kk_ref, qk_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
         kk_at, qk_at = (lambda ri, rj: kk_ref[ri, rj]), (lambda ri, rj: qk_ref[ri, rj])
-    r = lax.broadcasted_iota(jnp.int32, (tile, tile), 0)
-    c = lax.broadcasted_iota(jnp.int32, (tile, tile), 1)
-    rows = [pl.ds(i * tile, tile) for i in range(pl.cdiv(n, tile))]
+    r = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 0)
+    c = lax.broadcasted_iota(jnp.int32, (TILE, TILE), 1)
+    rows = [pl.ds(i * TILE, TILE) for i in range(pl.cdiv(n, TILE))]
     # G = anc g (G_i sums the log-decays of i's ancestors-or-self): the mask is block lower-triangular.
     G = []
     for i, ri in enumerate(rows):
@@ -170,13 +173,12 @@ def _prepare_kernel(*refs, n, tile, precision, gram_inside):
             m_ref[ri, rows[j]] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
 
 
-def _row_tile_of(t, tile):
+def _row_tile(t):
     """Rows t*T .. t*T + T-1 (t a traced tile index)."""
-    return pl.ds(pl.multiple_of(t * tile, tile), tile)
+    return pl.ds(pl.multiple_of(t * TILE, TILE), TILE)
 
 
-def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, tile, precision,
-                  key_chunk):
+def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delta_ref, *, precision, key_chunk):
     """For tile i of rows (a program per batch row, value head, slice of the value dim and row tile), with Tb, M
     and G read from prepare's outputs:
 
@@ -187,7 +189,6 @@ def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delt
     e^G_j K_j ([T, key chunk] each), then Delta_i = Tb_i V - W_i S0 and O_i = U_i S0 + M_i V."""
     dot = functools.partial(_dot, precision=precision)
     i = pl.program_id(3)
-    _row_tile = functools.partial(_row_tile_of, tile=tile)
     G_at = lambda t: G_ref[_row_tile(t)]
     tb_at = lambda j: tb_ref[_row_tile(i), _row_tile(j)]
     m_at = lambda j: m_ref[_row_tile(i), _row_tile(j)]
@@ -199,7 +200,7 @@ def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delt
             ek = jnp.exp(G_at(j))[:, None] * k_ref[_row_tile(j), cs]
             return wm[0] + dot(tb_at(j), ek), wm[1] + dot(m_at(j), ek)
 
-        zero = jnp.zeros((tile, cs.size), jnp.float32)
+        zero = jnp.zeros((TILE, cs.size), jnp.float32)
         w, mek = lax.fori_loop(0, i + 1, node_tile, (zero, zero))
         u = jnp.exp(G_at(i))[:, None] * q_ref[_row_tile(i), cs] - mek
         s0 = s0_ref[cs, :]
@@ -209,7 +210,7 @@ def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delt
         v_j = v_ref[_row_tile(j), :]
         return acc[0] + dot(tb_at(j), v_j), acc[1] + dot(m_at(j), v_j)
 
-    zero = jnp.zeros((tile, o_ref.shape[-1]), jnp.float32)
+    zero = jnp.zeros((TILE, o_ref.shape[-1]), jnp.float32)
     acc = lax.fori_loop(0, s0_ref.shape[0] // key_chunk, key_chunk_step, (zero, zero))
     delta, o = lax.fori_loop(0, i + 1, value_step, acc)
     ri = _row_tile(i)
@@ -222,9 +223,9 @@ def _pow2_at_least_16(d):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "num_warps", "precision",
-                                             "gram_inside", "gram_precision", "tile"))
+                                             "gram_inside", "gram_precision"))
 def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None, key_chunk=32, num_warps=4,
-                    precision="ieee", gram_inside=None, gram_precision="tf32x3", tile=TILE):
+                    precision="ieee", gram_inside=None, gram_precision="tf32x3"):
     """Same contract as reference.tree_delta_rule (q and k at the key heads, each serving H / Hk value
     heads through the kernels' index maps, never repeated in memory); fp32 throughout.
 
@@ -236,8 +237,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     fp32 (XLA:CPU has no tf32). gram_inside: the Gram tiles as dots inside `_prepare_kernel` (default: for a
     block of one tile, where that is one [16, Dk] x [Dk, 16] dot each) rather than as products ahead of it.
     gram_precision: "tf32x3" (default) or "ieee" for those products ahead of the kernels (XLA's, not the
-    kernels' dots). tile: rows per tile (16, 32 or 64; clipped to the block's size rounded up to a power of two):
-    fewer, larger dots in both kernels' serial chains, and more padding rows.
+    kernels' dots).
     """
     rep = reference.check_args(q, k, v, g, beta, anc, s0)
     b, n, h, dv = v.shape
@@ -249,11 +249,8 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
             raise ValueError(f"tree_delta_rule: {name}={value!r}; expected one of {', '.join(PRECISIONS)}")
     f32 = jnp.float32
     q, k, v, g, beta, s0 = (x.astype(f32) for x in (q, k, v, g, beta, s0))
-    if tile not in (16, 32, 64):
-        raise ValueError(f"tree_delta_rule: tile={tile!r}; expected 16, 32 or 64")
-    tile = min(tile, _pow2_at_least_16(n))
-    nt = pl.cdiv(n, tile)
-    n_pad = nt * tile
+    nt = pl.cdiv(n, TILE)
+    n_pad = nt * TILE
     gram_inside = nt == 1 if gram_inside is None else gram_inside
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv or (64 if n <= 32 else 128)), dvp)
@@ -295,7 +292,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
     square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
     outs = pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, tile=tile, precision=prec, gram_inside=gram_inside),
+        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside),
         out_shape=(square_f32, square_f32, jax.ShapeDtypeStruct((b, n_pad, h), f32)),
         grid=(b, h),
         in_specs=gram_specs + [nodes, nodes, tree],
@@ -313,7 +310,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     by_head = pl.BlockSpec((None, n_pad, None), lambda bi, hi, ci, ti: (bi, 0, hi))
     state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, ci, ti: (bi, hi, 0, ci))
     o, delta = pl.pallas_call(
-        functools.partial(_apply_kernel, tile=tile, precision=prec, key_chunk=key_chunk),
+        functools.partial(_apply_kernel, precision=prec, key_chunk=key_chunk),
         out_shape=(jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32),
                    jax.ShapeDtypeStruct((b, n_pad, h, dvp), f32)),
         grid=(b, h, dvp // block_dv, nt),

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran in session 59 (PART=ops only) at f49a0ff, where `tile=` existed: refuted (README.md here); the option was
+# removed after the call. Kept as the record of what ran.
 # Session 59, #6: the tree delta rule with tiles of 32 or 64 rows (`tile=`, opt-in). With 16-row tiles a DDTree(63)
 # verify block (64 nodes) is 4 tiles: prepare's program runs ~62 dependent [16, 16] dots and the last tile's apply
 # program ~48, each a shared-memory layout round trip; 32-row tiles cut these to ~21 and ~28 larger dots.
