@@ -189,6 +189,10 @@ def loop_compiler_options(spec: Speculator) -> dict:
     return (LOOP_GRAPH_OPTIONS if on else {}) | split | memory
 
 
+class NoRoom(ValueError):
+    """The device's pool cannot hold the KV cache and GDN state a call asks for (refused before allocating)."""
+
+
 def int_arg(value, name: str, error: type[Exception] = ValueError) -> int:
     """`value` (a Python or numpy integer) as an int; a float (2.5, or 2.0), a bool or anything else is an `error`
     naming `name`, never silently truncated."""
@@ -435,7 +439,7 @@ class Engine:
         problem = room_problem(abstract, self.mesh, f"the KV cache and GDN state of {b} sequence(s) of max_len "
                                                     f"{max_len}")
         if problem:
-            raise ValueError(problem)
+            raise NoRoom(problem)
         return tuple(make() for make in makers)
 
     def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0) -> Decoding:

@@ -401,6 +401,7 @@ def _decode_error(e, method: str = "ar", midline: bool = False) -> int:
     memory for the cache (--max-len) or the draft (DRAFT_FLAGS); any other runtime error is raised. `midline`:
     text is on stdout, so the line starts on a new one."""
     import jax
+    from jaxspec.engine import NoRoom
     start = "\n" if midline else ""
     if isinstance(e, jax.errors.JaxRuntimeError):
         if "RESOURCE_EXHAUSTED" not in str(e):
@@ -412,6 +413,9 @@ def _decode_error(e, method: str = "ar", midline: bool = False) -> int:
         print(f"{start}error: out of device memory ({first}); the KV cache and GDN state grow with --max-len, the "
               f"batch (--dp) and the dtype{grow}: lower {', '.join(lower[:-1])} or {lower[-1]}, or shard over "
               "more devices (--tp)", file=sys.stderr)
+    elif isinstance(e, NoRoom):     # the engine names its own argument (max_len): say which flags size the cache
+        print(f"{start}error: {e}; the cache grows with --max-len (by default what the prompt and --max-new-tokens "
+              "need) and the batch (--dp): lower them, or shard over more devices (--tp)", file=sys.stderr)
     else:
         print(f"{start}error: {e}", file=sys.stderr)
     return 2

@@ -473,7 +473,8 @@ def test_the_int64_seeds_are_taken(seed, monkeypatch, capsys, tmp_path):
 
 def test_a_cache_the_device_cannot_hold_ends_with_one_line(monkeypatch, capsys, tmp_path):
     """Where the device's pool cannot hold the KV cache and GDN state (a GPU reports its free bytes), generate
-    stops with one line giving the sizes and the pool's fraction, status 2, instead of allocating."""
+    stops with one line giving the sizes, the pool's fraction and the flags that size the cache, status 2, instead
+    of allocating."""
     from jaxspec import sharding
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
     monkeypatch.setattr(sharding, "device_room", lambda devices: (1000, 2000))
@@ -481,3 +482,5 @@ def test_a_cache_the_device_cannot_hold_ends_with_one_line(monkeypatch, capsys, 
     line = error_line(capsys.readouterr().err)
     assert line.startswith("error: the KV cache and GDN state of 1 sequence(s) of max_len ") and \
         "GiB per device, but 0.00 GiB of the device's 0.00 GiB pool is free" in line, line
+    assert line.endswith("the cache grows with --max-len (by default what the prompt and --max-new-tokens need) "
+                         "and the batch (--dp): lower them, or shard over more devices (--tp)"), line
