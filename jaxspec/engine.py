@@ -165,8 +165,9 @@ SPLIT_K_OPTIONS = {"xla_gpu_experimental_force_split_k": 1}
 # XLA plans the round loop's memory against 95% of the device's pool by default (its slop factor); near that limit
 # it rematerializes, and the loop gets longer. On an H100 (53.8 GB of weights, a 137,292-slot cache), the DDTree(63)
 # round at 128K context: 39.76 ms at the default (189 instructions rematerialized), 37.04 at 100, 36.99 at 120; at
-# 1K context with the same cache 28.95 (session 58) against 26.12 at 100 (bench/results/2026-12-06-h100-s59/). The
-# loops ran within the pool at 100 and at 120. Not applied where XLA_FLAGS sets the factor.
+# 1K context with the same cache 28.95 at 95 against 25.91 with these options, one lease
+# (bench/results/2026-12-06-h100-s59/). The loops ran within the pool at 100 and at 120; the AR and DFlash loops at
+# 128K did not move. Not applied where XLA_FLAGS sets the factor.
 MEMORY_OPTIONS = {"xla_gpu_memory_limit_slop_factor": 100}
 
 
