@@ -682,7 +682,7 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, contex
     return r
 
 
-def run_prefill(graphdef, cfg, params, pbytes, args) -> dict:
+def run_prefill(graphdef, cfg, params, pbytes, args, dump: Path | None = None) -> dict:
     b, p = args.batch, args.prompt
     max_len = p + 128
     fresh = jax.jit(lambda: M.init_state(cfg, b, max_len))
@@ -713,6 +713,24 @@ def run_prefill(graphdef, cfg, params, pbytes, args) -> dict:
     r["tflop_s_matmul"] = r["flops_matmul"] / med / 1e12
     log(f"prefill P={p}: {r['time']['median_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s, "
         f"{r['tflop_s_2NP']:.1f} TFLOP/s (2NP)")
+    if args.profile_prefill:
+        try:
+            hold = [jax.block_until_ready(fresh())]        # made before the trace: only the prefill's kernels in it
+            hlo = compiled.as_text()
+            mod = re.search(r"HloModule\s+([\w.\-]+)", hlo)
+            if dump is not None:
+                with gzip.open(dump / f"hlo_prefill_{p}.txt.gz", "wt") as f:
+                    f.write(hlo)
+            r["profile"] = prof = profile_steps(lambda: compiled(params, hold.pop(), tokens)[1], 1,
+                                                mod.group(1) if mod else None, hlo, dump, f"prefill_{p}")
+            if "by_part" in prof:
+                parts = ", ".join(f"{k} {v['ms_per_step']:.1f}" for k, v in prof["by_part"].items())
+                log(f"prefill P={p}: profile {prof['kernels_per_step']:.0f} kernels, busy "
+                    f"{prof['kernel_ms_per_step']:.1f} ms (gemms {prof['gemm_ms_per_step']:.1f} ms), span "
+                    f"{prof['span_ms_per_step']:.1f} ms; by part (ms): {parts}")
+        except Exception as e:  # a diagnosis: the timings above stand without it
+            r["profile"] = dict(error=f"{type(e).__name__}: {e}")
+            log(f"prefill profile failed: {r['profile']['error']}")
     return r
 
 
@@ -782,13 +800,16 @@ def parse_args(argv=None):
                     help="timed calls of each ceiling (copy, read, matmul)")
     ap.add_argument("--profile-steps", type=at_least(0), default=0,
                     help="decode steps to trace per context (0: none)")
+    ap.add_argument("--profile-prefill", action="store_true", help="trace one more prefill and charge its kernels "
+                    "to the model's parts (attention, GDN, MLP, ...), as --profile-steps does for decode")
     ap.add_argument("--breakdown", action="store_true", help="time attention / GDN / MLP / head alone "
                     "(at the largest context)")
     ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="skip optional phases (each context's "
                     "profile and device loop, prefill, breakdown) once this many seconds have passed, listing them "
                     "in the result's 'skipped' (0: never)")
-    ap.add_argument("--dump-dir", default=None, help="with --profile-steps: write each context's decode trace and "
-                    "its optimized HLO here (trace_decode_CTX.xplane.pb, hlo_decode_CTX.txt.gz)")
+    ap.add_argument("--dump-dir", default=None, help="with --profile-steps / --profile-prefill: write each traced "
+                    "call's trace and optimized HLO here (trace_decode_CTX.xplane.pb, hlo_decode_CTX.txt.gz; "
+                    "trace_prefill_P..., hlo_prefill_P...)")
     ap.add_argument("--out", required=True, help="JSON result path, rewritten whole after each phase (see above: "
                     "a finished earlier result there is replaced only by a complete one)")
     ap.add_argument("--log", default=None, help="also append the progress lines to this file")
@@ -796,6 +817,8 @@ def parse_args(argv=None):
     args.contexts = parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip(", ") else []
     if not args.copy_gib > 0:
         ap.error(f"--copy-gib: must be > 0, got {args.copy_gib}")
+    if args.profile_prefill and not args.prompt:
+        ap.error("--profile-prefill traces the prefill: give --prompt > 0")
     if args.breakdown and not args.contexts:
         ap.error("--breakdown times the parts at the largest context: give --contexts")
     writable_file(ap, "--out", args.out)
@@ -870,7 +893,7 @@ def main(argv=None) -> dict:
         if past_deadline(args):
             res["skipped"].append("prefill")
         else:
-            res["prefill"] = run_prefill(graphdef, cfg, params, pbytes, args)
+            res["prefill"] = run_prefill(graphdef, cfg, params, pbytes, args, dump)
             save()
 
     if args.breakdown:

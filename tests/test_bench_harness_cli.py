@@ -36,6 +36,7 @@ def _refused(main, argv, flag, capsys):
                                        (["--batch", "0"], "--batch"), (["--prompt", "-3"], "--prompt"),
                                        (["--iters", "0"], "--iters"), (["--copy-gib", "0"], "--copy-gib"),
                                        (["--breakdown", "--contexts", ""], "--breakdown"),
+                                       (["--profile-prefill"], "--profile-prefill"),
                                        (["--config", "nosuch"], "--config"), (["--out", "DIR"], "--out")])
 def test_harness_refuses_nonsense_before_timing(tmp_path, capsys, bad, flag):
     out = tmp_path / "h.json"
@@ -241,3 +242,15 @@ def test_harness_dump_dir_has_the_hlo_of_every_context_it_traces(tmp_path):
                           "--out", str(tmp_path / "h.json")])
     assert sorted(p.name for p in d.iterdir()) == ["hlo_decode_16.txt.gz", "hlo_decode_24.txt.gz",
                                                    "trace_decode_16.xplane.pb", "trace_decode_24.xplane.pb"]
+
+
+def test_harness_profiles_the_prefill_by_part(tmp_path):
+    """--profile-prefill traces one more prefill and charges its kernels to the model's parts (the GDN's delta rule
+    among them), and --dump-dir keeps that trace and the prefill's optimized HLO."""
+    d = tmp_path / "dump"
+    res = harness.main(SMALL[:-2] + ["--contexts", "", "--prompt", "130", "--profile-prefill", "--dump-dir", str(d),
+                                     "--out", str(tmp_path / "h.json")])
+    prof = res["prefill"]["profile"]
+    assert "error" not in prof, prof
+    assert prof["kernels_per_step"] > 0 and {"gdn", "attn", "mlp"} <= set(prof["by_part"]), prof["by_part"]
+    assert sorted(p.name for p in d.iterdir()) == ["hlo_prefill_130.txt.gz", "trace_prefill_130.xplane.pb"]
