@@ -363,8 +363,7 @@ def _tree_delta_rule(q, k, v, g, beta, anc, s0):
 
 
 def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
-    """Trees run as one block; chains in blocks of CHUNK: the op once over all blocks for what does not depend on a
-    block's entering state, then a scan over blocks carrying the state.
+    """Trees run as one block; chains in blocks of CHUNK with the state carried between blocks.
 
     Returns (o, delta, G, s_mid) for `commit`; with commit_n [B] (a chain), (o, s1): s1 the state after token
     commit_n - 1 (s0 where commit_n = 0), taken inside the scan over blocks, so that no per-token term outlives
@@ -386,47 +385,27 @@ def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
     pad = nb * CHUNK - n
     # Padded nodes have beta = 0 and g = 0: they leave the state untouched.
     q, k, v, g, beta = (jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in (q, k, v, g, beta))
-    dk, dv = k.shape[3], v.shape[3]
-    # What does not depend on a block's entering state S, for every block at once (batch row b * nb + c is block c
-    # of sequence b): the op is linear in (V, S0) and each value column is its own, so with value columns [V, 0]
-    # and entering state [0, I] it returns O = [M V, e^G Q - M e^G K] and Delta = [Tb V, -Tb e^G K]. Then
-    # O_c = M V + (e^G Q - M e^G K) S and Delta_c = Tb V - Tb e^G K S: the scan over blocks keeps one product of
-    # these maps with S and the state's update, not the op's kernels (their serial chains ran 128 times a layer
-    # for an 8K prompt).
-    flat = lambda x: x.reshape((b * nb, CHUNK) + x.shape[2:])
-    vz = jnp.concatenate([flat(v).astype(jnp.float32), jnp.zeros((b * nb, CHUNK, v.shape[2], dk), jnp.float32)], -1)
-    s_id = jnp.concatenate([jnp.zeros((dk, dv), jnp.float32), jnp.eye(dk, dtype=jnp.float32)], -1)
-    anc = jnp.broadcast_to(jnp.tril(jnp.ones((CHUNK, CHUNK), bool)), (b * nb, CHUNK, CHUNK))
-    o_all, d_all, G_all = _tree_delta_rule(flat(q), flat(k), vz, flat(g), flat(beta), anc,
-                                           jnp.broadcast_to(s_id, (b * nb, v.shape[2], dk, dv + dk)))
-    fixed = jnp.concatenate([o_all[..., :dv], d_all[..., :dv]], 1)             # [B*nb, 2C, H, Dv]: M V; Tb V
-    maps = jnp.concatenate([o_all[..., dv:], d_all[..., dv:]], 1)              # [B*nb, 2C, H, Dk]
-    per_block = lambda x: x.reshape((b, nb) + x.shape[1:]).swapaxes(0, 1)      # [nb, B, ...]
-    blocks = tuple(map(per_block, (fixed, maps, G_all, flat(k))))
+    blocks = tuple(x.reshape((x.shape[0], nb, CHUNK) + x.shape[2:]).swapaxes(0, 1) for x in (q, k, v, g, beta))
+    anc = jnp.broadcast_to(jnp.tril(jnp.ones((CHUNK, CHUNK), bool)), (b, CHUNK, CHUNK))
     every = jnp.ones((b, CHUNK), bool)
     unblock = lambda x: x.swapaxes(0, 1).reshape((b, nb * CHUNK) + x.shape[3:])[:, :n]
-
-    def outputs(s, blk):
-        """O, Delta, G and the next state of one block entered at s."""
-        fixed, maps, G, kb = blk
-        od = fixed + jnp.einsum("bnhk,bhkv->bnhv", maps, s, precision=jax.lax.Precision.HIGHEST)
-        o, delta = od[:, :CHUNK], od[:, CHUNK:]
-        return o, delta, G, kb, state_at(s, kb, delta, G, every, G[:, -1])
 
     if commit_n is not None:
         def step_commit(carry, blk):
             s, s1, j = carry
-            o, delta, G, kb, s_next = outputs(s, blk)
+            qb, kb, vb, gb, bb = blk
+            o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
             s1 = put(keep & (last // CHUNK == j), at(s, kb, delta, G, last % CHUNK), s1)
-            return (s_next, s1, j + 1), o
+            return (state_at(s, kb, delta, G, every, G[:, -1]), s1, j + 1), o
 
         s_0 = s0.astype(jnp.float32)
         (_, s1, _), o = jax.lax.scan(step_commit, (s_0, s_0, jnp.int32(0)), blocks)
         return unblock(o), s1
 
     def step(s, blk):
-        o, delta, G, _, s_next = outputs(s, blk)
-        return s_next, (o, delta, G, s)
+        qb, kb, vb, gb, bb = blk
+        o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
+        return state_at(s, kb, delta, G, every, G[:, -1]), (o, delta, G, s)
 
     _, (o, delta, G, s_in) = jax.lax.scan(step, s0.astype(jnp.float32), blocks)
     return unblock(o), unblock(delta), unblock(G), s_in[1:].swapaxes(0, 1)

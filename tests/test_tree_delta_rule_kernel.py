@@ -256,8 +256,8 @@ def test_dispatch(monkeypatch):
 
 def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
     """jaxspec/model.py calls tree_delta_rule unchanged: forced to the kernel through the environment,
-    the chunked chain (3 chunks of 64: one call over all of them with value columns [V, 0] and state [0, I], then
-    the state carried by lax.scan) and a tree agree with the reference."""
+    the chunked chain (3 chunks of 64, the state carried by lax.scan) and a tree agree with the
+    reference."""
     from jaxspec import tree as tree_lib
     from jaxspec.model import delta_rule
 
@@ -275,7 +275,7 @@ def test_model_runs_the_dispatched_kernel(seed, monkeypatch):
         assert_matches(out[:3], ref[:3])
         if ref[3].size:                                  # states entering chunks 2.. (chains only)
             assert rel_err(out[3], ref[3]) < BOUND
-    assert calls == [(6, 64, 2, 16), (2, 20, 2, 16)]
+    assert calls == [(2, 64, 2, 16), (2, 20, 2, 16)]
 
 
 @pytest.mark.parametrize("n", [1, 16, 65])
@@ -447,7 +447,7 @@ def test_gpu_xla_has_no_trsm(seed, n):
 
 @on_gpu
 def test_gpu_chunked_prefill(seed):
-    """The model's chain path: 3 chunks of 64 through the kernel in one call, then the state carried by lax.scan."""
+    """The model's chain path: 3 chunks of 64 through the kernel inside lax.scan, the state carried."""
     from jaxspec import tree as tree_lib
     from jaxspec.model import delta_rule
 
