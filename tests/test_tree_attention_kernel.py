@@ -81,6 +81,26 @@ def test_kernel_at_the_cache_end(seed, n):
     assert_matches(out, ref, BOUND["float32"])
 
 
+def test_tree_columns_bound_each_row_block():
+    """A chain of 40 nodes, 3 heads a kv head, 16-row blocks: block r reaches node (16 r + 15) // 3 (the last block
+    is partly padding). Reversed, the root is node 39 and every node sees it: no block skips a tile."""
+    chain = jnp.asarray(arg_specs.ancestors(np.arange(40)[None] - 1))
+    assert pallas_triton.tree_columns(chain, 3, 16).tolist() == [[6, 11, 16, 22, 27, 32, 38, 40]]
+    assert pallas_triton.tree_columns(chain[:, ::-1, ::-1], 3, 16).tolist() == [[40] * 8]
+
+
+@pytest.mark.parametrize("order", ["topological", "reversed"])
+def test_kernel_skips_only_unseen_tree_tiles(seed, order):
+    """Row blocks read the tree's tiles up to the last node they see; a mask in any node order (reversed: each
+    node's ancestors come after it) gives the reference's result."""
+    q, keys, values, start, anc = make_inputs(seed, Spec(2, 70, 50, 6, 2, 16))
+    if order == "reversed":
+        anc = anc[:, ::-1, ::-1]
+    args = (q, keys, values, start, anc)
+    assert_matches(interpret(*args, block_q=16, block_k=16, splits=2), reference.tree_attention(*args),
+                   BOUND["float32"])
+
+
 def test_kernel_bf16(seed):
     args = make_inputs(seed, Spec(2, 17, 200, 6, 2, 32, dtype="bfloat16"))
     ref = reference.tree_attention(*(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in args))

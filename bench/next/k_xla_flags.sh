@@ -15,7 +15,8 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 OUT=${OUT:?}
 CONFIG=${CONFIG:-real}
-W=$OUT/xla-flags; mkdir -p $W
+W=$(mktemp -d)
+trap 'tar czf $OUT/xla-flags.tgz -C $W .' EXIT     # one file back: the device returns at most 8 (session 60 lost 4)
 nvidia-smi --query-gpu=name --format=csv,noheader > $W/gpu.txt 2>/dev/null
 START=$SECONDS
 i=0

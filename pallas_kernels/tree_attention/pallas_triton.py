@@ -7,11 +7,13 @@ so one K/V tile feeds a [block_q, block_k] score tile (Triton's `dot` wants all 
 Grid (batch, kv head, split, row block). Splits 0 .. S-1 share the committed prefix [0, start) of
 their sequence evenly (chunks of a whole number of `block_k` keys, computed from `start` inside the
 kernel, so a short prefix reads only its own keys and a long one spreads over all S programs); the
-last split, S, takes the tree block, slots start .. start+N-1, the only place where the ancestor mask
-applies. Each program keeps an online softmax (running max m, sum l, accumulator acc, all fp32) over
-its keys and writes them out; `_combine` merges the S + 1 partials per row (a small jnp step). Reads
-stop at the tile holding slot start + N - 1, whatever the cache length L; slots of a tile outside its
-program's range are masked and their values zeroed, so stale cache rows (even NaN) never count.
+last split, S, takes the tree block, slots start .. start+N-1, the only place where the ancestor mask applies;
+a row block reads the tree's key tiles only up to the last node any of its rows sees (`tree_columns`: in a
+topological order a chain's blocks skip the tiles past their own nodes, half of an 8K prefill's). Each program
+keeps an online softmax (running max m, sum l, accumulator acc, all fp32) over its keys and writes them out;
+`_combine` merges the S + 1 partials per row (a small jnp step). Reads stop at the tile holding slot
+start + N - 1, whatever the cache length L; slots of a tile outside its program's range are masked and their values
+zeroed, so stale cache rows (even NaN) never count.
 
 Loads never leave the cache: a key tile that would cross L is shifted back to end at L, and the keys it
 then repeats are masked off (a dynamic slice past the end would be clamped in interpret mode and read
@@ -54,7 +56,7 @@ def _online_update(carry, s, mask, v, key_ok, precision):
     return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
-def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n, splits, block_k,
+def _kernel(start_ref, cols_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, splits, block_k,
             length, precision):
     split = pl.program_id(2)
     start = start_ref[()]
@@ -97,9 +99,9 @@ def _kernel(start_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, n
             s, v = scores(off)
             # anc_ref column c + block_k holds tree node c (one tile of left padding)
             anc = anc_ref[:, pl.ds(off - start + block_k, block_k)]
-            return _online_update(carry, s, anc != 0, v, (pos >= p0) & (pos < start + n), precision)
+            return _online_update(carry, s, anc != 0, v, (pos >= p0) & (pos < start + cols_ref[()]), precision)
 
-        return lax.fori_loop(0, pl.cdiv(n, block_k), body, init)
+        return lax.fori_loop(0, pl.cdiv(cols_ref[()], block_k), body, init)
 
     m, l, acc = lax.cond(split < splits, prefix, tree)
     m_ref[...] = m
@@ -113,6 +115,18 @@ def _combine(m, l, acc):
     w = jnp.exp(m - jnp.where(mx == -jnp.inf, 0.0, mx))
     den = jnp.sum(w * l, axis=2)
     return jnp.sum(w[..., None] * acc, axis=2) / jnp.where(den == 0, 1.0, den)[..., None]
+
+
+def tree_columns(anc, group: int, block_q: int):
+    """[B, row blocks] int32: for each block of `block_q` query rows (row = node * group + head), one past the last
+    tree node any of its rows sees (0 for a block of padding rows alone). The kernel reads no tree key past it: the
+    keys it skips are masked for every row of the block, so the result is the same for any mask."""
+    b, n, _ = anc.shape
+    node = jnp.max(jnp.where(anc, jnp.arange(1, n + 1, dtype=jnp.int32), 0), axis=2)          # [B, N]
+    rows = jnp.repeat(node, group, axis=1)
+    blocks = pl.cdiv(n * group, block_q)
+    rows = jnp.pad(rows, [(0, 0), (0, blocks * block_q - n * group)])
+    return jnp.max(rows.reshape(b, blocks, block_q), axis=2)
 
 
 def default_splits(batch, kv_heads, row_blocks, length, block_k):
@@ -189,12 +203,13 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     per_row = lambda *blk: pl.BlockSpec((None, None, None, block_q) + blk,
                                         lambda bi, ki, si, ri: (bi, ki, si, ri) + (0,) * len(blk))
     m, l, acc = pl.pallas_call(
-        functools.partial(_kernel, n=n, splits=splits, block_k=block_k, length=length, precision=precision),
+        functools.partial(_kernel, splits=splits, block_k=block_k, length=length, precision=precision),
         out_shape=(jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
                    jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
                    jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad, hd), f32)),
         grid=(b, kvh, splits + 1, row_blocks),
         in_specs=[pl.BlockSpec((None,), lambda bi, ki, si, ri: (bi,)),
+                  pl.BlockSpec((None, None), lambda bi, ki, si, ri: (bi, ri)),
                   pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, si, ri: (bi, ki, ri, 0)),
                   cache, cache,
                   pl.BlockSpec((None, block_q, anc_rows.shape[2]), lambda bi, ki, si, ri: (bi, ri, 0))],
@@ -202,7 +217,7 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="tree_attention",
-    )(start.astype(jnp.int32), qr, keys, values, anc_rows)
+    )(start.astype(jnp.int32), tree_columns(anc, group, block_q), qr, keys, values, anc_rows)
     out = _combine(m, l, acc)[:, :, :rows]                                              # [B, KV, R, hd]
     out = out.reshape(b, kvh, n, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, n, h, hd)
     return out.astype(values.dtype)
