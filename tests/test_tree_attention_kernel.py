@@ -345,3 +345,21 @@ def test_bench_split_variants():
     assert list(impls) == ["reference", "pallas_triton", "pallas_triton/s4", "pallas_triton/s8"]
     assert impls["pallas_triton/s8"].keywords == {"splits": 8}
     assert list(bench.implementations(False, False, 16, [4])) == ["reference"]
+
+
+def test_bench_sweeps_tiles_from_65_nodes_and_times_chains(tmp_path):
+    """`--sweep` adds the tile and warp variants that fit at N >= 65 (a verify tree, a prefill piece), not below;
+    `--shape chain` times a chain (on the CPU: the reference, whose output must match the kernel's contract)."""
+    import json
+
+    from pallas_kernels.tree_attention import bench
+    for n in (65, 8192):
+        tiles = [k for k in bench.implementations(True, True, n) if k.count("/") == 3]
+        assert "pallas_triton/q128/k64/w8" in tiles and "pallas_triton/q128/k128/w8" not in tiles, n
+    assert list(bench.implementations(True, True, 64)) == ["reference", "pallas_triton"]
+    bench.main(["--prefixes", "0", "--sizes", "20", "--shape", "chain", "--layers", "1", "--iters", "1",
+                "--json", str(tmp_path / "c.json")])
+    data = json.loads((tmp_path / "c.json").read_text())
+    (row,) = data["rows"]
+    assert data["shape"] == "chain"
+    assert row["impl"] == "reference" and row["finite"] and row["kv_bytes"] == 2 * 20 * 4 * 256 * 2

@@ -8,8 +8,10 @@ is hoisted; distinct caches, so L2 does not serve a second read), cache length L
 (the op must read only the first start + N slots). Reported per layer: time (synchronised calls, and on the
 device: the kernels' summed durations in a trace, since session 45; at a 1K prefix the synchronised time is
 mostly the host's), the KV bytes it must read (2 * (start + N) * KV * hd * 2 B) over the device time, and that
-rate as a fraction of a measured device copy (read + write bytes / time of x + 1 over 1 GiB). `--sweep` adds the kernel's tile and
-warp variants at N = 65; `--splits 4,8,16` the kernel with those numbers of prefix splits at every size (the
+rate as a fraction of a measured device copy (read + write bytes / time of x + 1 over 1 GiB). `--sweep` adds the
+kernel's tile and warp variants at every N >= 65; `--shape chain` times chains instead of random trees (a prefill
+piece: `--prefixes 0 --sizes 8192`; the FLOPs still count every tree key, of which a chain's row blocks read about
+half); `--splits 4,8,16` the kernel with those numbers of prefix splits at every size (the
 default spreads even a 1K prefix over ~33 splits of 32 keys, whose fp32 partials the combine then reads).
 """
 
@@ -43,7 +45,7 @@ def implementations(sweep: bool, on_gpu: bool, n: int, splits=()):
     impls["pallas_triton"] = pallas_triton.tree_attention
     for s in splits:
         impls[f"pallas_triton/s{s}"] = functools.partial(pallas_triton.tree_attention, splits=s)
-    if sweep and n == 65:
+    if sweep and n >= 65:
         for block_q in (16, 32, 64, 128):
             for block_k, num_warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
                 # The sweep runs at the real head_dim 256 in bf16; skip tiles that cannot fit.
@@ -72,7 +74,9 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-reference", action="store_true", help="skip the jnp reference (it reads all L slots)")
-    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="the kernel's tile and warp variants at every N >= 65")
+    p.add_argument("--shape", choices=("tree", "chain"), default="tree", help="random trees (verify) or chains "
+                   "(a prefill piece)")
     p.add_argument("--splits", default="", help="comma-separated split counts to time beside the default "
                    "(default_splits), at every prefix and size: the kernel's partials and the jnp combine included")
     p.add_argument("--json")
@@ -86,7 +90,7 @@ def main(argv=None):
     rows = []
     for prefix in map(int, a.prefixes.split(",")):
         for n in map(int, a.sizes.split(",")):
-            spec = arg_specs.Spec(a.batch, n, prefix, ragged=False, slack=prefix, dtype="bfloat16")
+            spec = arg_specs.Spec(a.batch, n, prefix, shape=a.shape, ragged=False, slack=prefix, dtype="bfloat16")
             caches, q = [], None
             for layer in range(a.layers):
                 q_l, keys, values, start, anc = arg_specs.make_inputs(1000 * prefix + 10 * n + layer, spec)
@@ -119,7 +123,7 @@ def main(argv=None):
                       f"compile {t['compile_s']:.1f} s", flush=True)
             del caches
     if a.json:
-        write_results(a.json, rows, batch=a.batch, layers=a.layers, copy_bytes_per_s=copy_bw)
+        write_results(a.json, rows, batch=a.batch, layers=a.layers, shape=a.shape, copy_bytes_per_s=copy_bw)
 
 
 if __name__ == "__main__":
