@@ -1,4 +1,5 @@
 #!/bin/bash
+# Archived after it ran (session 60): the record of call 4; run from the repository root as bench/next/s60b.sh.
 # Session 60's second lease (bench/NOTES.md "Session 60"): tree attention's row blocks read the tree's key tiles only
 # up to the last node they see (`tree_columns`). Its GPU tests, then the 8K prefill with its profile by part in this
 # tree and in _alt_base/ (the commit before), one lease.

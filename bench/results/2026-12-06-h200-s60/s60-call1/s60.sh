@@ -1,4 +1,5 @@
 #!/bin/bash
+# Archived after it ran (session 60): the record of call 1; run from the repository root as bench/next/s60.sh.
 # Session 60's first call (bench/NOTES.md "Session 60"; plan items 0 and 4 of session 59's plan), either card:
 #   0. the engine's GPU tests and the tree delta rule's chunked-prefill / model GPU tests with the chain's
 #      block-parallel delta rule (4e73b78, never run on a GPU);
