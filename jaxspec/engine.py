@@ -299,6 +299,11 @@ class Result:
 _SPEC_FIELDS = ("vocab_size", "hidden_size", "num_layers")
 
 
+# Prompt tokens per compiled prefill piece (`Engine(prefill_chunk=)`, generate's --prefill-chunk): the prompt runs as
+# pieces of this many tokens, the last one as short as its tail needs (16, 32, ...).
+PREFILL_CHUNK = 256
+
+
 class Engine:
     """Holds the compiled prefill and round functions for one model, speculator and sampling.
 
@@ -307,7 +312,7 @@ class Engine:
     here, e.g. `stop_tokens=model.cfg.eos_token_ids` (as the `jaxspec.generate` CLI does)."""
 
     def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
-                 stop_tokens=(), prefill_chunk: int = 256, mesh=None):
+                 stop_tokens=(), prefill_chunk: int = PREFILL_CHUNK, mesh=None):
         """mesh: the (data, model) mesh that `model` and the speculator's params were sharded on
         (jaxspec/sharding.py); the state is created and kept in its shardings."""
         check_flags()       # a misspelt JAXSPEC_* flag (or one since removed) would choose nothing

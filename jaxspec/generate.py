@@ -122,6 +122,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mtp-tokens", type=int, default=None,
                    help=f"MTP: tokens the checkpoint's own MTP head drafts per round (default: {MTP_TOKENS})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prompt tokens per compiled prefill piece (default: 256, the engine's PREFILL_CHUNK). Longer "
+                        "pieces read the weights fewer times and take more memory for their activations; each piece "
+                        "length compiles once")
     p.add_argument("--max-len", type=int, default=None,
                    help="context length to allocate, >= prompt + max-new-tokens + tree size (default: that sum, "
                         "rounded up to a multiple of 16, and at most 1/8 more from 128 slots up)")
@@ -205,7 +209,7 @@ def _main(argv) -> int:
     if args.no_thinking and not args.chat:
         parser().error("--no-thinking only applies with --chat")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-len", args.max_len),
-                        ("--rounds-per-call", args.rounds_per_call)):
+                        ("--rounds-per-call", args.rounds_per_call), ("--prefill-chunk", args.prefill_chunk)):
         if value is not None and value < 1:
             parser().error(f"{flag} must be >= 1, got {value}")
     if not -2**63 <= args.seed < 2**63:         # what jax.random.key (and nnx.Rngs) take: an int64
@@ -237,7 +241,7 @@ def _main(argv) -> int:
     from flax import nnx
 
     from jaxspec.config import ConfigError
-    from jaxspec.engine import AR, Engine, context_problem
+    from jaxspec.engine import AR, PREFILL_CHUNK, Engine, context_problem
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import load_tokenizer
 
@@ -346,7 +350,8 @@ def _main(argv) -> int:
     if compare:
         return _compare(args, model, tok, ids, speculator, sampling, stops)
     try:
-        engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh)
+        engine = Engine(model, speculator, sampling=sampling, stop_tokens=stops, mesh=mesh,
+                        prefill_chunk=args.prefill_chunk or PREFILL_CHUNK)
     except ValueError as e:
         parser().error(str(e))
     label = _label(args, args.method, model.cfg.dtype)
@@ -449,14 +454,15 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     of the median runs."""
     import jax
 
-    from jaxspec.engine import Engine
+    from jaxspec.engine import PREFILL_CHUNK, Engine
     engines, timed = {}, {}
     kw = dict(max_len=args.max_len, seed=args.seed)
     if args.rounds_per_call:
         kw["rounds_per_call"] = args.rounds_per_call
     try:
         for name, spec in (("ar", None), (args.method, speculator)):
-            engine = Engine(model, spec, sampling=sampling, stop_tokens=stops)
+            engine = Engine(model, spec, sampling=sampling, stop_tokens=stops,
+                            prefill_chunk=args.prefill_chunk or PREFILL_CHUNK)
             t = time.perf_counter()
             engine.generate([ids], args.max_new_tokens, **kw)              # compiles
             engines[name] = (engine, time.perf_counter() - t)

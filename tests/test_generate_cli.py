@@ -249,6 +249,7 @@ def test_bad_model_dirs(dirs, tmp_path, capsys):
     (["--rounds-per-call", "0"], "--rounds-per-call must be >= 1"),   # 0 rounds a call never finished
     (["--max-len", "-5"], "--max-len must be >= 1"),
     (["--max-len", "0"], "--max-len must be >= 1"),                  # was taken as the default
+    (["--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
     (["--top-k", "20"], "only apply when sampling"),
     (["--top-p", "0.9"], "only apply when sampling"),
     (["--no-thinking"], "--no-thinking only applies with --chat"),
@@ -455,6 +456,31 @@ def test_demo_passes_rounds_per_call(dirs, tmp_path, monkeypatch, capsys):
     given.clear()
     assert main(["--prompt", "def f(x):", "--max-new-tokens", "64", "--repeats", "1"]) == 0
     assert given == [None] * 4
+
+
+def test_prefill_chunk_reaches_every_engine(dirs, tmp_path, monkeypatch, capsys):
+    """--prefill-chunk sizes the prefill's pieces of the one engine, and of both engines of the demo's comparison;
+    without it they take the engine's PREFILL_CHUNK, the number --help names."""
+    import jaxspec.engine as E
+    from jaxspec.generate import parser
+    chunks = []
+
+    def generate(self, prompts, max_new, **kw):
+        chunks.append(self.prefill_chunk)
+        if kw.get("on_tokens"):
+            kw["on_tokens"]([[11]])
+        return fake_result([[11]], [0], [0, 0])
+    monkeypatch.setattr(E.Engine, "generate", generate)
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    assert main(["--method", "ar", "--max-new-tokens", "1", "--prefill-chunk", "32"]) == 0
+    assert main(["--method", "ar", "--max-new-tokens", "1"]) == 0
+    assert chunks == [32, E.PREFILL_CHUNK]
+    assert f"(default: {E.PREFILL_CHUNK}, the engine's PREFILL_CHUNK)" in " ".join(parser().format_help().split())
+    fake_demo(dirs, tmp_path, monkeypatch)
+    monkeypatch.setattr(E.Engine, "generate", generate)
+    chunks.clear()
+    assert main(["--prompt", "def f(x):", "--max-new-tokens", "4", "--repeats", "1", "--prefill-chunk", "64"]) == 0
+    assert chunks == [64] * 4
 
 
 @pytest.mark.parametrize("seed", [2**63 - 1, -2**63])
