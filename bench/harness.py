@@ -5,6 +5,8 @@
 One run measures, on whatever device JAX sees:
   * the ceilings: device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate;
   * prefill of a P-token prompt (a chain forward that commits as it goes: `Qwen35(commit_n=...)`), with the FLOP rate;
+    with `--prefill-chunks`, also the engine's own prefill of that prompt in pieces (what generate's first token
+    waits for);
   * the AR decode step (forward of one token on top of a context, commit, argmax) at each context,
     against the HBM roofline (bytes that must be read / measured copy bandwidth);
   * optionally a kernel profile of the step, charged to the model's parts (attention, GDN, MLP, ...),
@@ -682,6 +684,45 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, contex
     return r
 
 
+def prefill_rates(r: dict, cfg, pbytes) -> dict:
+    """r (a prefill's prompt, batch and time) with tokens/s and FLOP/s: 2 x params x tokens (non-embedding params),
+    as usually quoted, and the matmuls actually done (lm_head on the last token only; attention scores not
+    counted)."""
+    b, p, med = r["batch"], r["prompt"], r["time"]["median_ms"] * 1e-3
+    body = pbytes["param_count"] - pbytes["embed_count"] - (0 if cfg.tie_word_embeddings else
+                                                            cfg.vocab_size * cfg.hidden_size)
+    head = cfg.vocab_size * cfg.hidden_size
+    r["tokens_per_s"] = b * p / med
+    r["flops_2NP"] = 2 * (pbytes["param_count"] - pbytes["embed_count"] * (0 if cfg.tie_word_embeddings else 1)) * b * p
+    r["flops_matmul"] = 2 * body * b * p + 2 * head * b
+    r["tflop_s_2NP"] = r["flops_2NP"] / med / 1e12
+    r["tflop_s_matmul"] = r["flops_matmul"] / med / 1e12
+    return r
+
+
+def run_engine_prefill(graphdef, cfg, params, pbytes, args, chunk: int) -> dict:
+    """The prompt through `Engine.prefill` in pieces of `chunk` tokens (jaxspec.generate's --prefill-chunk): the
+    engine's own path to the first token, host loop over the pieces included. The first call compiles (each piece
+    length once); the timed calls follow it."""
+    from jaxspec.engine import Engine
+    b, p = args.batch, args.prompt
+    engine = Engine(nnx.merge(graphdef, params), prefill_chunk=chunk)
+    prompts = np.asarray(random_tokens(cfg, b, p, 7)).tolist()
+    max_len = p + 128
+    ms = []
+    for i in range(1 + args.prefill_iters):
+        t = time.perf_counter()
+        out = engine.prefill(prompts, max_len)
+        jax.block_until_ready(out[0])
+        ms.append((time.perf_counter() - t) * 1e3)
+        del out
+    r = prefill_rates(dict(prompt=p, batch=b, chunk=chunk, pieces=-(-p // chunk), max_len=max_len,
+                           first_call_s=ms[0] / 1e3, time=summarize(ms[1:])), cfg, pbytes)
+    log(f"engine prefill P={p} in pieces of {chunk}: {r['time']['median_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s, "
+        f"{r['tflop_s_2NP']:.1f} TFLOP/s (2NP); first call {r['first_call_s']:.1f}s")
+    return r
+
+
 def run_prefill(graphdef, cfg, params, pbytes, args, dump: Path | None = None) -> dict:
     b, p = args.batch, args.prompt
     max_len = p + 128
@@ -699,18 +740,8 @@ def run_prefill(graphdef, cfg, params, pbytes, args, dump: Path | None = None) -
             ms.append((time.perf_counter() - t) * 1e3)
         ok = int(s.length[0]) == p
         del s
-    r = dict(prompt=p, batch=b, max_len=max_len, **ct, time=summarize(ms), state_length_ok=ok)
-    med = r["time"]["median_ms"] * 1e-3
-    body = pbytes["param_count"] - pbytes["embed_count"] - (0 if cfg.tie_word_embeddings else
-                                                            cfg.vocab_size * cfg.hidden_size)
-    head = cfg.vocab_size * cfg.hidden_size
-    r["tokens_per_s"] = b * p / med
-    # 2 x params x tokens (non-embedding params), as usually quoted; and the matmuls actually done
-    # (lm_head on the last token only; attention scores not counted).
-    r["flops_2NP"] = 2 * (pbytes["param_count"] - pbytes["embed_count"] * (0 if cfg.tie_word_embeddings else 1)) * b * p
-    r["flops_matmul"] = 2 * body * b * p + 2 * head * b
-    r["tflop_s_2NP"] = r["flops_2NP"] / med / 1e12
-    r["tflop_s_matmul"] = r["flops_matmul"] / med / 1e12
+    r = prefill_rates(dict(prompt=p, batch=b, max_len=max_len, **ct, time=summarize(ms), state_length_ok=ok),
+                      cfg, pbytes)
     log(f"prefill P={p}: {r['time']['median_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s, "
         f"{r['tflop_s_2NP']:.1f} TFLOP/s (2NP)")
     if args.profile_prefill:
@@ -794,6 +825,9 @@ def parse_args(argv=None):
     ap.add_argument("--loop-iters", type=at_least(1), default=5, help="timed calls of the device loop")
     ap.add_argument("--prefill-warmup", type=at_least(0), default=1, help="untimed prefills before the timed ones")
     ap.add_argument("--prefill-iters", type=at_least(1), default=5, help="timed prefills")
+    ap.add_argument("--prefill-chunks", default="", help="comma-separated piece lengths: also time the prompt "
+                    "through the engine's own prefill (Engine.prefill, generate's --prefill-chunk) in pieces of each "
+                    "length, after one untimed call ('': none)")
     ap.add_argument("--copy-gib", type=float, default=4.0, help="copy-bandwidth buffer size (GiB, > 0)")
     ap.add_argument("--matmul-n", type=at_least(1), default=8192, help="size n of the n x n x n bf16 matmul ceiling")
     ap.add_argument("--ceiling-iters", type=at_least(1), default=20,
@@ -819,6 +853,10 @@ def parse_args(argv=None):
         ap.error(f"--copy-gib: must be > 0, got {args.copy_gib}")
     if args.profile_prefill and not args.prompt:
         ap.error("--profile-prefill traces the prefill: give --prompt > 0")
+    args.prefill_chunks = (parse_contexts(ap, "--prefill-chunks", args.prefill_chunks, "piece lengths")
+                           if args.prefill_chunks.strip(", ") else [])
+    if args.prefill_chunks and not args.prompt:
+        ap.error("--prefill-chunks times the engine's prefill of the prompt: give --prompt > 0")
     if args.breakdown and not args.contexts:
         ap.error("--breakdown times the parts at the largest context: give --contexts")
     writable_file(ap, "--out", args.out)
@@ -895,6 +933,12 @@ def main(argv=None) -> dict:
         else:
             res["prefill"] = run_prefill(graphdef, cfg, params, pbytes, args, dump)
             save()
+    for chunk in args.prefill_chunks:
+        if past_deadline(args):
+            res["skipped"].append(f"engine prefill chunk={chunk}")
+            continue
+        res.setdefault("engine_prefill", []).append(run_engine_prefill(graphdef, cfg, params, pbytes, args, chunk))
+        save()
 
     if args.breakdown:
         if past_deadline(args):

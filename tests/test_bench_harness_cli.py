@@ -37,6 +37,8 @@ def _refused(main, argv, flag, capsys):
                                        (["--iters", "0"], "--iters"), (["--copy-gib", "0"], "--copy-gib"),
                                        (["--breakdown", "--contexts", ""], "--breakdown"),
                                        (["--profile-prefill"], "--profile-prefill"),
+                                       (["--prefill-chunks", "64"], "--prefill-chunks"),
+                                       (["--prompt", "8", "--prefill-chunks", "0"], "--prefill-chunks"),
                                        (["--config", "nosuch"], "--config"), (["--out", "DIR"], "--out")])
 def test_harness_refuses_nonsense_before_timing(tmp_path, capsys, bad, flag):
     out = tmp_path / "h.json"
@@ -254,3 +256,16 @@ def test_harness_profiles_the_prefill_by_part(tmp_path):
     assert "error" not in prof, prof
     assert prof["kernels_per_step"] > 0 and {"gdn", "attn", "mlp"} <= set(prof["by_part"]), prof["by_part"]
     assert sorted(p.name for p in d.iterdir()) == ["hlo_prefill_130.txt.gz", "trace_prefill_130.xplane.pb"]
+
+
+def test_harness_times_the_engines_prefill_in_pieces(tmp_path):
+    """--prefill-chunks 16,64: the prompt of 70 through Engine.prefill in 5 and 2 pieces (the last one as short as
+    its tail needs), after one untimed call, beside the one-piece prefill; its rates from the same formula."""
+    res = harness.main(SMALL[:-2] + ["--contexts", "", "--prompt", "70", "--prefill-chunks", "16,64",
+                                     "--out", str(tmp_path / "h.json")])
+    one, pieces = res["prefill"], res["engine_prefill"]
+    assert [(r["chunk"], r["pieces"], r["time"]["n"]) for r in pieces] == [(16, 5, 1), (64, 2, 1)]
+    for r in pieces:
+        assert r["time"]["median_ms"] > 0 and r["first_call_s"] > 0 and r["flops_2NP"] == one["flops_2NP"]
+        assert r["tflop_s_2NP"] == pytest.approx(r["flops_2NP"] / (r["time"]["median_ms"] * 1e-3) / 1e12)
+
