@@ -31,6 +31,7 @@ from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
 from pallas_kernels.tree_delta_rule import resolve, state_at, states_at, tree_delta_rule
+from pallas_kernels.tree_delta_rule.chain import chain_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
 
@@ -362,24 +363,32 @@ def _tree_delta_rule(q, k, v, g, beta, anc, s0):
     return tree_delta_rule(q, k, v, g, beta, anc, s0)
 
 
+def _chain_delta_rule(q, k, v, g, beta, s0):
+    """`chain_delta_rule` (pallas_kernels/tree_delta_rule/chain.py); its kernels run per shard under a mesh, as
+    the tree delta rule's do."""
+    if resolve(CHUNK) in ("pallas_triton", "pallas_interpret"):
+        return sharding.per_shard_chain(functools.partial(chain_delta_rule, chunk=CHUNK), q, k, v, g, beta, s0)
+    return chain_delta_rule(q, k, v, g, beta, s0, chunk=CHUNK)
+
+
 def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
     """Trees run as one block; chains in blocks of CHUNK with the state carried between blocks.
 
     Returns (o, delta, G, s_mid) for `commit`; with commit_n [B] (a chain), (o, s1): s1 the state after token
-    commit_n - 1 (s0 where commit_n = 0), taken inside the scan over blocks, so that no per-token term outlives
-    its block."""
+    commit_n - 1 (s0 where commit_n = 0). A chain longer than a block with commit_n (a prefill) goes through
+    `chain_delta_rule`, its tokens from commit_n on made inert (g = beta = 0), so that its last state is s1."""
     n = q.shape[1]
     b = q.shape[0]
-    if commit_n is not None:
-        keep, last = commit_n > 0, jnp.maximum(commit_n - 1, 0)                        # [B]
-        at = lambda s, kb, delta, G, idx: state_at(          # the state after node idx [B] of a block entered at s
-            s, kb, delta, G, jnp.arange(kb.shape[1])[None] <= idx[:, None],
-            jnp.take_along_axis(G, idx[:, None, None], 1)[:, 0])
-        put = lambda here, s1, s: jnp.where(here[:, None, None, None], s1, s)
+    if commit_n is not None and tree.chain and n > CHUNK:
+        live = (jnp.arange(n)[None] < commit_n[:, None])[..., None]                  # [B, N, 1]
+        return _chain_delta_rule(q, k, v, jnp.where(live, g, 0.0), jnp.where(live, beta, 0.0), s0)
     if not tree.chain or n <= CHUNK:
         o, delta, G = _tree_delta_rule(q, k, v, g, beta, tree.anc, s0)
         if commit_n is not None:
-            return o, put(keep, at(s0.astype(jnp.float32), k, delta, G, last), s0.astype(jnp.float32))
+            s0, last = s0.astype(jnp.float32), jnp.maximum(commit_n - 1, 0)             # [B]
+            s1 = state_at(s0, k, delta, G, jnp.arange(n)[None] <= last[:, None],
+                          jnp.take_along_axis(G, last[:, None, None], 1)[:, 0])
+            return o, jnp.where((commit_n > 0)[:, None, None, None], s1, s0)
         return o, delta, G, jnp.zeros((s0.shape[0], 0) + s0.shape[1:], jnp.float32)
     nb = -(-n // CHUNK)
     pad = nb * CHUNK - n
@@ -389,18 +398,6 @@ def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
     anc = jnp.broadcast_to(jnp.tril(jnp.ones((CHUNK, CHUNK), bool)), (b, CHUNK, CHUNK))
     every = jnp.ones((b, CHUNK), bool)
     unblock = lambda x: x.swapaxes(0, 1).reshape((b, nb * CHUNK) + x.shape[3:])[:, :n]
-
-    if commit_n is not None:
-        def step_commit(carry, blk):
-            s, s1, j = carry
-            qb, kb, vb, gb, bb = blk
-            o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
-            s1 = put(keep & (last // CHUNK == j), at(s, kb, delta, G, last % CHUNK), s1)
-            return (state_at(s, kb, delta, G, every, G[:, -1]), s1, j + 1), o
-
-        s_0 = s0.astype(jnp.float32)
-        (_, s1, _), o = jax.lax.scan(step_commit, (s_0, s_0, jnp.int32(0)), blocks)
-        return unblock(o), s1
 
     def step(s, blk):
         qb, kb, vb, gb, bb = blk

@@ -450,6 +450,14 @@ def per_shard(fn, q, k, v, g, beta, anc, s0):
                    (heads4, heads4, heads4, heads3, heads3, P(DATA), P(DATA, MODEL)), (heads4, heads4, heads3))
 
 
+def per_shard_chain(fn, q, k, v, g, beta, s0):
+    """The chain delta rule (q, k, v [B,T,H,D]; g, beta [B,T,H]; s0 [B,H,Dk,Dv]; returns o [B,T,H,Dv] and the last
+    state) run per shard over (data: batch, model: heads)."""
+    heads4, heads3 = P(DATA, None, MODEL, None), P(DATA, None, MODEL)
+    return _manual(fn, (q, k, v, g, beta, s0), (heads4, heads4, heads4, heads3, heads3, P(DATA, MODEL)),
+                   (heads4, P(DATA, MODEL)))
+
+
 def vocab_choice(partial, combine, x):
     """The verify op's choice per row of logits x [B, ..., V] sharded as (data, ..., model) on the mesh
     being traced under, run per shard: `partial(rows [R, V / tp], row0, col0)` gives each row's best

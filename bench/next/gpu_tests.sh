@@ -12,7 +12,8 @@
 # Writes $OUT/gpu-tests-PART.log with every test's name and verdict (-rA).
 export PYTHONPATH=. JAX_PLATFORMS=cuda
 case "$1" in
-  kernels) FILES="tests/test_tree_attention_kernel.py tests/test_tree_delta_rule_kernel.py tests/test_verify_kernel.py
+  kernels) FILES="tests/test_tree_attention_kernel.py tests/test_tree_delta_rule_kernel.py tests/test_chain_delta_rule.py
+                  tests/test_verify_kernel.py
                   tests/test_gdn_tree_inputs_kernel.py
                   tests/test_gdn_decode_kernel.py tests/test_add_rms_norm_kernel.py tests/test_nucleus_mass_kernel.py";;
   engine) FILES="tests/test_kernels_engine.py tests/test_engine.py";;

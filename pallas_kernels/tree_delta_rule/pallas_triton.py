@@ -218,6 +218,44 @@ def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delt
     o_ref[ri, :] = o
 
 
+def _prepare(q, k, g, beta, anc, *, h, rep, interpret, precision, gram_inside, gram_precision, params, n):
+    """`_prepare_kernel` on padded blocks (q, k [B, n_pad, Hk, Dkp]; g, beta [B, n_pad, H]; anc [B, n_pad, n_pad]
+    fp32): Tb and M [B, H, n_pad, n_pad] and G [B, n_pad, H]. n: the real nodes (the kernel skips padded ones)."""
+    b, n_pad, _, dkp = q.shape
+    f32 = jnp.float32
+    # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
+    # beta and G are strided columns of [B, N, H].
+    key_rows = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi: (bi, 0, hi // rep, 0))
+    # The Gram products below stack Q K^T (rows 0..n_pad) over K K^T (rows n_pad..2 n_pad) per key head.
+    query_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 0, 0))
+    key_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 1, 0))
+    nodes = pl.BlockSpec((None, n_pad, None), lambda bi, hi: (bi, 0, hi))
+    square = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi, 0, 0))
+    tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
+    if gram_inside:
+        gram_args, gram_specs = (q, k), [key_rows, key_rows]
+    else:
+        # The Gram matrices Q K^T and K K^T per key head as one batched XLA product ahead of the kernel, [Q; K] K^T
+        # (fp32 out, by default from three tf32 passes), so that its serial chain of tiles loads one [T, T] tile per
+        # product instead of streaming K and Q through its own FMA dots. The kernels read both halves of the one
+        # array (no slices in between).
+        grams = jnp.einsum("bnhk,bmhk->bhnm", jnp.concatenate([q, k], 1), k,
+                           precision=lax.Precision.HIGHEST if interpret else PRECISIONS[gram_precision])
+        gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
+    square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
+    outs = pl.pallas_call(
+        functools.partial(_prepare_kernel, n=n, precision=precision, gram_inside=gram_inside),
+        out_shape=(square_f32, square_f32, jax.ShapeDtypeStruct((b, n_pad, h), f32)),
+        grid=(b, h),
+        in_specs=gram_specs + [nodes, nodes, tree],
+        out_specs=[square, square, nodes],
+        compiler_params=params,
+        interpret=interpret,
+        name="tree_delta_rule_prepare",
+    )(*gram_args, g, beta, anc)
+    return outs
+
+
 def _pow2_at_least_16(d):
     return max(16, pl.next_power_of_2(d))
 
@@ -270,38 +308,8 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
     s0 = pad(s0, [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     params = pltriton.CompilerParams(num_warps=num_warps)
-
-    # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
-    # beta and G are strided columns of [B, N, H].
-    key_rows = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi: (bi, 0, hi // rep, 0))
-    # The Gram products below stack Q K^T (rows 0..n_pad) over K K^T (rows n_pad..2 n_pad) per key head.
-    query_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 0, 0))
-    key_gram = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi // rep, 1, 0))
-    nodes = pl.BlockSpec((None, n_pad, None), lambda bi, hi: (bi, 0, hi))
-    square = pl.BlockSpec((None, None, n_pad, n_pad), lambda bi, hi: (bi, hi, 0, 0))
-    tree = pl.BlockSpec((None, n_pad, n_pad), lambda bi, hi: (bi, 0, 0))
-    if gram_inside:
-        gram_args, gram_specs = (q, k), [key_rows, key_rows]
-    else:
-        # The Gram matrices Q K^T and K K^T per key head as one batched XLA product ahead of the kernel, [Q; K] K^T
-        # (fp32 out, by default from three tf32 passes), so that its serial chain of tiles loads one [T, T] tile per
-        # product instead of streaming K and Q through its own FMA dots. The kernels read both halves of the one
-        # array (no slices in between).
-        grams = jnp.einsum("bnhk,bmhk->bhnm", jnp.concatenate([q, k], 1), k,
-                           precision=lax.Precision.HIGHEST if interpret else PRECISIONS[gram_precision])
-        gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
-    square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
-    outs = pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, precision=prec, gram_inside=gram_inside),
-        out_shape=(square_f32, square_f32, jax.ShapeDtypeStruct((b, n_pad, h), f32)),
-        grid=(b, h),
-        in_specs=gram_specs + [nodes, nodes, tree],
-        out_specs=[square, square, nodes],
-        compiler_params=params,
-        interpret=interpret,
-        name="tree_delta_rule_prepare",
-    )(*gram_args, g, beta, anc)
-    tb, m, G = outs
+    tb, m, G = _prepare(q, k, g, beta, anc, h=h, rep=rep, interpret=interpret, precision=prec,
+                        gram_inside=gram_inside, gram_precision=gram_precision, params=params, n=n)
 
     # grid: batch, value head, slice of the value dim, tile of nodes
     keys = pl.BlockSpec((None, n_pad, None, dkp), lambda bi, hi, ci, ti: (bi, 0, hi // rep, 0))
@@ -321,3 +329,79 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
         name="tree_delta_rule_apply",
     )(q, k, v, s0, G, tb, m)
     return o[:, :n, :, :dv], delta[:, :n, :, :dv], G[:, :n]
+
+
+# ---------------------------------------------------------------------------------------------- chains (prefill)
+
+@functools.partial(jax.jit, static_argnames=("interpret", "precision", "gram_precision", "num_warps"))
+def block_factors(q, k, g, beta, *, interpret=False, precision="ieee", gram_precision="tf32x3", num_warps=4):
+    """`reference.block_factors` by `_prepare_kernel`, for blocks of a chain: q, k [B, C, Hk, Dk], g, beta
+    [B, C, H], C a multiple of TILE up to MAX_N. Returns Tb, M [B, H, C, C] (zero above the diagonal) and G."""
+    b, c, hk, dk = q.shape
+    h = g.shape[2]
+    if c % TILE or not supports(c):
+        raise ValueError(f"block_factors: blocks of a multiple of {TILE} nodes up to {MAX_N}, got {c}")
+    f32 = jnp.float32
+    dkp = _pow2_at_least_16(dk)
+    q, k = (jnp.pad(x.astype(f32), [(0, 0), (0, 0), (0, 0), (0, dkp - dk)]) for x in (q, k))
+    low = jnp.tril(jnp.ones((c, c), bool))
+    prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
+    tb, m, G = _prepare(q, k, g.astype(f32), beta.astype(f32), jnp.broadcast_to(low.astype(f32), (b, c, c)), h=h,
+                        rep=h // hk, interpret=interpret, precision=prec, gram_inside=c == TILE,
+                        gram_precision=gram_precision, params=pltriton.CompilerParams(num_warps=num_warps), n=c)
+    # The kernel writes only the tiles on and below the diagonal.
+    return jnp.where(low, tb, 0.0), jnp.where(low, m, 0.0), G
+
+
+def _state_pass_kernel(w_ref, u_ref, kd_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o_ref, s_ref, *, blocks, precision):
+    """One program per batch row, value head and slice of the value dim walks the chain's blocks in order, its
+    state slice [Dk, block_dv] in registers: Delta = Tb V - W S, O = M V + U S, S <- e^{G_last} S + Kd^T Delta."""
+    dot = functools.partial(_dot, precision=precision)
+
+    def block(c, s):
+        delta = tbv_ref[c] - dot(w_ref[c], s)
+        o_ref[c] = mv_ref[c] + dot(u_ref[c], s)
+        update = lax.dot_general(kd_ref[c], delta, (((0,), (0,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)
+        return gl_ref[c] * s + update
+
+    s_ref[...] = lax.fori_loop(0, blocks, block, s0_ref[...])
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "precision", "num_warps"))
+def state_pass(w, u, kd, tbv, mv, gl, s0, *, interpret=False, block_dv=32, precision="ieee", num_warps=4):
+    """`reference.state_pass` as one kernel: the serial part of a chain, every block's products with the state,
+    without a launch per block. w, u, kd [B, NB, H, C, Dk]; tbv, mv [B, NB, H, C, Dv]; gl [B, NB, H];
+    s0 [B, H, Dk, Dv]; all fp32. block_dv: value columns per program (a power of two >= 16)."""
+    b, nb, h, c, dk = w.shape
+    dv = tbv.shape[-1]
+    if c % TILE or c != pl.next_power_of_2(c):
+        raise ValueError(f"state_pass: blocks of a power of two >= {TILE} nodes, got {c}")
+    dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
+    block_dv = min(_pow2_at_least_16(block_dv), dvp)
+    nbp = pl.next_power_of_2(nb)
+
+    def pad(x, d, dp):
+        widths = [(0, 0), (0, nbp - nb)] + [(0, 0)] * (x.ndim - 3) + [(0, dp - d)]
+        return jnp.pad(x.astype(jnp.float32), widths) if any(wd for _, wd in widths) else x.astype(jnp.float32)
+
+    w, u, kd = (pad(x, dk, dkp) for x in (w, u, kd))
+    tbv, mv = (pad(x, dv, dvp) for x in (tbv, mv))
+    gl = jnp.pad(gl.astype(jnp.float32), [(0, 0), (0, nbp - nb), (0, 0)])
+    s0 = jnp.pad(s0.astype(jnp.float32), [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
+    keys = pl.BlockSpec((None, nbp, None, c, dkp), lambda bi, hi, vi: (bi, 0, hi, 0, 0))
+    vals = pl.BlockSpec((None, nbp, None, c, block_dv), lambda bi, hi, vi: (bi, 0, hi, 0, vi))
+    state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, vi: (bi, hi, 0, vi))
+    prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
+    o, s = pl.pallas_call(
+        functools.partial(_state_pass_kernel, blocks=nb, precision=prec),
+        out_shape=(jax.ShapeDtypeStruct((b, nbp, h, c, dvp), jnp.float32),
+                   jax.ShapeDtypeStruct((b, h, dkp, dvp), jnp.float32)),
+        grid=(b, h, dvp // block_dv),
+        in_specs=[keys] * 3 + [vals] * 2 + [pl.BlockSpec((None, nbp, None), lambda bi, hi, vi: (bi, 0, hi)), state],
+        out_specs=[vals, state],
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps),
+        interpret=interpret,
+        name="chain_state_pass",
+    )(w, u, kd, tbv, mv, gl, s0)
+    return o[:, :nb, :, :, :dv], s[:, :, :dk, :dv]

@@ -133,3 +133,53 @@ def recurrent_reference(q, k, v, g, beta, s0):
     xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (q, k, v, g, beta))
     s, o = jax.lax.scan(step, s0.astype(jnp.float32), xs)
     return jnp.moveaxis(o, 0, 1), s
+
+
+# ---------------------------------------------------------------------------------------------- chains (prefill)
+
+def block_factors(q, k, g, beta, *, inverse=None):
+    """What a block of a chain contributes whatever state enters it: q, k [B, C, Hk, Dk], g, beta [B, C, H].
+    With A, D and P as in the module docstring (A strictly lower, D and P lower-triangular on a chain):
+
+        Tb = (I + A)^-1 diag(beta)    M = P Tb    [B, H, C, C];    G [B, C, H] the cumulative log-decay
+
+    so that, for a block entered at S0, Delta = Tb (V - E K S0) and O = E Q S0 + M (V - E K S0).
+    inverse: (I + L)^-1 for strictly lower L [..., C, C] (default: a triangular solve)."""
+    f32 = jnp.float32
+    rep = heads_per_key(q, k, jnp.zeros(g.shape + (1,), f32))
+    q, k = (jnp.repeat(x.astype(f32), rep, 2) for x in (q, k))
+    g, beta = g.astype(f32), beta.astype(f32)
+    b, c = q.shape[:2]
+    low = jnp.broadcast_to(jnp.tril(jnp.ones((c, c), bool)), (b, c, c))
+    G = jnp.cumsum(g, axis=1)
+    D = _decay(jnp.moveaxis(G, -1, 1), low)                                    # [B,H,C,C]
+    kk = jnp.einsum("bihd,bjhd->bhij", k, k, precision=_HI)
+    qk = jnp.einsum("bihd,bjhd->bhij", q, k, precision=_HI)
+    beta_h = jnp.moveaxis(beta, 1, -1)                                         # [B,H,C]
+    L = beta_h[..., :, None] * jnp.where(~jnp.eye(c, dtype=bool), D * kk, 0.0)
+    if inverse is None:
+        eye = jnp.broadcast_to(jnp.eye(c, dtype=f32), L.shape)
+        inv = jax.scipy.linalg.solve_triangular(eye + L, eye, lower=True, unit_diagonal=True)
+    else:
+        inv = inverse(L)
+    tb = inv * beta_h[..., None, :]
+    return tb, jnp.einsum("bhij,bhjk->bhik", D * qk, tb, precision=_HI), G
+
+
+def state_pass(w, u, kd, tbv, mv, gl, s0):
+    """The serial part of a chain in blocks, block by block from s0 [B, H, Dk, Dv]: with the block's
+    W = Tb E K, U = E Q - M E K, Kd = e^{G_last - G} K ([B, NB, H, C, Dk]), Tb V and M V ([B, NB, H, C, Dv]) and
+    gl = e^{G_last} [B, NB, H]:
+
+        Delta = Tb V - W S    O = M V + U S    S <- gl S + Kd^T Delta
+
+    Returns O [B, NB, H, C, Dv] and the state after the last block."""
+    def block(s, x):
+        w, u, kd, tbv, mv, gl = x
+        delta = tbv - jnp.einsum("bhck,bhkv->bhcv", w, s, precision=_HI)
+        o = mv + jnp.einsum("bhck,bhkv->bhcv", u, s, precision=_HI)
+        return gl[..., None, None] * s + jnp.einsum("bhck,bhcv->bhkv", kd, delta, precision=_HI), o
+
+    xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (w, u, kd, tbv, mv, gl))
+    s, o = jax.lax.scan(block, s0.astype(jnp.float32), xs)
+    return jnp.moveaxis(o, 0, 1), s
