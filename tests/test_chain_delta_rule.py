@@ -75,15 +75,17 @@ def test_inert_tail_leaves_the_state_of_the_prefix(seed, implementation):
     assert not np.allclose(s[0], s0[0], atol=1e-3)
 
 
-def test_state_pass_kernel_matches_reference(seed):
-    """The state pass alone on random factors: 5 blocks (padded to 8 inside), Dk 16, Dv 24 (padded to 32), two
-    programs along the value dim (block_dv 16)."""
+@pytest.mark.parametrize("dk,key_chunk", [(16, 32), (40, 16)])
+def test_state_pass_kernel_matches_reference(seed, dk, key_chunk):
+    """The state pass alone on random factors: 5 blocks (padded to 8 inside), Dv 24 (padded to 32), two programs
+    along the value dim (block_dv 16); the state in one piece (Dk 16) or in four (Dk 40 padded to 64, pieces of
+    16)."""
     rng = np.random.default_rng(seed)
-    b, nb, h, c, dk, dv = 2, 5, 3, 16, 16, 24
+    b, nb, h, c, dv = 2, 5, 3, 16, 24
     f = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
-    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
+    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
             jnp.asarray(rng.uniform(0.2, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
-    o, s = pallas_triton.state_pass(*args, interpret=True, block_dv=16)
+    o, s = pallas_triton.state_pass(*args, interpret=True, block_dv=16, key_chunk=key_chunk)
     ro, rs = reference.state_pass(*args)
     assert o.shape == ro.shape and s.shape == rs.shape
     assert rel_err(o, ro) < BOUND and rel_err(s, rs) < BOUND

@@ -58,9 +58,9 @@ def chain_delta_rule(q, k, v, g, beta, s0, *, chunk: int = CHUNK, implementation
     last = G[:, -1]                                                                   # [B NB, H]
     w = product(tb, ek)
     u = jnp.swapaxes(eG * q, 1, 2) - product(m, ek)
-    kd = jnp.swapaxes(jnp.exp(last[:, None] - G)[..., None] * k, 1, 2)
+    kdt = jnp.moveaxis(jnp.exp(last[:, None] - G)[..., None] * k, 1, 3)               # [B NB, H, Dk, C]
     by_block = lambda x: x.reshape((b, nb) + x.shape[1:])
-    factors = tuple(by_block(x) for x in (w, u, kd, product(tb, v), product(m, v), jnp.exp(last)))
+    factors = tuple(by_block(x) for x in (w, u, kdt, product(tb, v), product(m, v), jnp.exp(last)))
     if kernels:
         o, s = pallas_triton.state_pass(*factors, s0, interpret=interpret)
     else:

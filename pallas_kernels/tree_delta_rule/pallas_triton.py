@@ -353,55 +353,73 @@ def block_factors(q, k, g, beta, *, interpret=False, precision="ieee", gram_prec
     return jnp.where(low, tb, 0.0), jnp.where(low, m, 0.0), G
 
 
-def _state_pass_kernel(w_ref, u_ref, kd_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o_ref, s_ref, *, blocks, precision):
+def _state_pass_kernel(w_ref, u_ref, kdt_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o_ref, s_ref, *, blocks, key_chunk,
+                       precision):
     """One program per batch row, value head and slice of the value dim walks the chain's blocks in order, its
-    state slice [Dk, block_dv] in registers: Delta = Tb V - W S, O = M V + U S, S <- e^{G_last} S + Kd^T Delta."""
+    state slice [Dk, block_dv] in registers as Dk / key_chunk pieces (every load is a [C, key_chunk] or [key_chunk,
+    C] tile, never a whole [C, Dk] one): Delta = Tb V - W S, O = M V + U S, S <- e^{G_last} S + Kd^T Delta."""
     dot = functools.partial(_dot, precision=precision)
+    pieces = [pl.ds(i * key_chunk, key_chunk) for i in range(s0_ref.shape[0] // key_chunk)]
 
     def block(c, s):
-        delta = tbv_ref[c] - dot(w_ref[c], s)
-        o_ref[c] = mv_ref[c] + dot(u_ref[c], s)
-        update = lax.dot_general(kd_ref[c], delta, (((0,), (0,)), ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)
-        return gl_ref[c] * s + update
+        delta = tbv_ref[c] - sum(dot(w_ref[c, :, ks], si) for ks, si in zip(pieces, s))
+        o_ref[c] = mv_ref[c] + sum(dot(u_ref[c, :, ks], si) for ks, si in zip(pieces, s))
+        gl = gl_ref[c]
+        return tuple(gl * si + dot(kdt_ref[c, ks, :], delta) for ks, si in zip(pieces, s))
 
-    s_ref[...] = lax.fori_loop(0, blocks, block, s0_ref[...])
+    s = lax.fori_loop(0, blocks, block, tuple(s0_ref[ks, :] for ks in pieces))
+    for ks, si in zip(pieces, s):
+        s_ref[ks, :] = si
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "precision", "num_warps"))
-def state_pass(w, u, kd, tbv, mv, gl, s0, *, interpret=False, block_dv=32, precision="ieee", num_warps=4):
+@functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "precision", "num_warps"))
+def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_chunk=32, precision="tf32x3",
+               num_warps=4):
     """`reference.state_pass` as one kernel: the serial part of a chain, every block's products with the state,
-    without a launch per block. w, u, kd [B, NB, H, C, Dk]; tbv, mv [B, NB, H, C, Dv]; gl [B, NB, H];
-    s0 [B, H, Dk, Dv]; all fp32. block_dv: value columns per program (a power of two >= 16)."""
+    without a launch per block. w, u [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv, mv
+    [B, NB, H, C, Dv]; gl [B, NB, H]; s0 [B, H, Dk, Dv]; all fp32. block_dv: value columns per program; key_chunk:
+    key dims per piece of the state (powers of two >= 16). precision: of the products ("tf32x3" by default: the
+    first version, whole [C, Dk] tiles in fp32 FMA dots, took 108 ms a layer at the real shape and 8K tokens on an
+    H100, bench/results/2026-12-06-h100-s61/)."""
     b, nb, h, c, dk = w.shape
     dv = tbv.shape[-1]
     if c % TILE or c != pl.next_power_of_2(c):
         raise ValueError(f"state_pass: blocks of a power of two >= {TILE} nodes, got {c}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"state_pass: precision={precision!r}; expected one of {', '.join(PRECISIONS)}")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv), dvp)
+    key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
     nbp = pl.next_power_of_2(nb)
 
-    def pad(x, d, dp):
-        widths = [(0, 0), (0, nbp - nb)] + [(0, 0)] * (x.ndim - 3) + [(0, dp - d)]
-        return jnp.pad(x.astype(jnp.float32), widths) if any(wd for _, wd in widths) else x.astype(jnp.float32)
+    def pad(x, *dims):                  # dims: (axis, padded size); blocks always padded to nbp
+        widths = [(0, 0)] * x.ndim
+        widths[1] = (0, nbp - nb)
+        for axis, size in dims:
+            widths[axis] = (0, size - x.shape[axis])
+        x = x.astype(jnp.float32)
+        return jnp.pad(x, widths) if any(wd for _, wd in widths) else x
 
-    w, u, kd = (pad(x, dk, dkp) for x in (w, u, kd))
-    tbv, mv = (pad(x, dv, dvp) for x in (tbv, mv))
-    gl = jnp.pad(gl.astype(jnp.float32), [(0, 0), (0, nbp - nb), (0, 0)])
+    w, u = (pad(x, (4, dkp)) for x in (w, u))
+    kdt = pad(kdt, (3, dkp))
+    tbv, mv = (pad(x, (4, dvp)) for x in (tbv, mv))
+    gl = pad(gl)
     s0 = jnp.pad(s0.astype(jnp.float32), [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
     keys = pl.BlockSpec((None, nbp, None, c, dkp), lambda bi, hi, vi: (bi, 0, hi, 0, 0))
+    keys_t = pl.BlockSpec((None, nbp, None, dkp, c), lambda bi, hi, vi: (bi, 0, hi, 0, 0))
     vals = pl.BlockSpec((None, nbp, None, c, block_dv), lambda bi, hi, vi: (bi, 0, hi, 0, vi))
     state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, vi: (bi, hi, 0, vi))
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
     o, s = pl.pallas_call(
-        functools.partial(_state_pass_kernel, blocks=nb, precision=prec),
+        functools.partial(_state_pass_kernel, blocks=nb, key_chunk=key_chunk, precision=prec),
         out_shape=(jax.ShapeDtypeStruct((b, nbp, h, c, dvp), jnp.float32),
                    jax.ShapeDtypeStruct((b, h, dkp, dvp), jnp.float32)),
         grid=(b, h, dvp // block_dv),
-        in_specs=[keys] * 3 + [vals] * 2 + [pl.BlockSpec((None, nbp, None), lambda bi, hi, vi: (bi, 0, hi)), state],
+        in_specs=[keys, keys, keys_t] + [vals] * 2 + [pl.BlockSpec((None, nbp, None), lambda bi, hi, vi: (bi, 0, hi)),
+                                                      state],
         out_specs=[vals, state],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps),
         interpret=interpret,
         name="chain_state_pass",
-    )(w, u, kd, tbv, mv, gl, s0)
+    )(w, u, kdt, tbv, mv, gl, s0)
     return o[:, :nb, :, :, :dv], s[:, :, :dk, :dv]

@@ -166,20 +166,20 @@ def block_factors(q, k, g, beta, *, inverse=None):
     return tb, jnp.einsum("bhij,bhjk->bhik", D * qk, tb, precision=_HI), G
 
 
-def state_pass(w, u, kd, tbv, mv, gl, s0):
+def state_pass(w, u, kdt, tbv, mv, gl, s0):
     """The serial part of a chain in blocks, block by block from s0 [B, H, Dk, Dv]: with the block's
-    W = Tb E K, U = E Q - M E K, Kd = e^{G_last - G} K ([B, NB, H, C, Dk]), Tb V and M V ([B, NB, H, C, Dv]) and
-    gl = e^{G_last} [B, NB, H]:
+    W = Tb E K, U = E Q - M E K ([B, NB, H, C, Dk]), Kd^T = (e^{G_last - G} K)^T ([B, NB, H, Dk, C]), Tb V and M V
+    ([B, NB, H, C, Dv]) and gl = e^{G_last} [B, NB, H]:
 
         Delta = Tb V - W S    O = M V + U S    S <- gl S + Kd^T Delta
 
     Returns O [B, NB, H, C, Dv] and the state after the last block."""
     def block(s, x):
-        w, u, kd, tbv, mv, gl = x
+        w, u, kdt, tbv, mv, gl = x
         delta = tbv - jnp.einsum("bhck,bhkv->bhcv", w, s, precision=_HI)
         o = mv + jnp.einsum("bhck,bhkv->bhcv", u, s, precision=_HI)
-        return gl[..., None, None] * s + jnp.einsum("bhck,bhcv->bhkv", kd, delta, precision=_HI), o
+        return gl[..., None, None] * s + jnp.einsum("bhkc,bhcv->bhkv", kdt, delta, precision=_HI), o
 
-    xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (w, u, kd, tbv, mv, gl))
+    xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (w, u, kdt, tbv, mv, gl))
     s, o = jax.lax.scan(block, s0.astype(jnp.float32), xs)
     return jnp.moveaxis(o, 0, 1), s

@@ -1,0 +1,57 @@
+"""#6 / the prefill (session 61): the chain's state-pass kernel at the real shape (one layer of an 8K prefill: 128
+blocks of 64, 48 value heads, Dk = Dv = 128), per variant, and the whole chain_delta_rule op with its defaults.
+    python bench/next/k_chain_pass.py OUT.json [--small]       (--small: a CPU dry run, interpret mode)"""
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.tree_delta_rule import pallas_triton
+from pallas_kernels.tree_delta_rule.chain import chain_delta_rule
+
+
+def timed(fn, *args, iters=5):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def main(out, small):
+    b, nb, h, hk, c, dk, dv = (1, 3, 2, 1, 16, 16, 16) if small else (1, 128, 48, 16, 64, 128, 128)
+    rng = np.random.default_rng(0)
+    f = lambda *shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32)
+    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
+            jnp.asarray(rng.uniform(0.5, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
+    variants = [dict(precision=p, block_dv=bd) for p in ("tf32x3", "ieee") for bd in (16, 32, 64)]
+    variants += [dict(precision="tf32x3", block_dv=32, key_chunk=kc) for kc in (16, 64)]
+    variants += [dict(precision="tf32x3", block_dv=bd, num_warps=8) for bd in (32, 64)]
+    rows = []
+    for v in variants:
+        try:
+            ms = timed(jax.jit(lambda *a, v=v: pallas_triton.state_pass(*a, interpret=small, **v)), *args)
+        except Exception as e:                      # a variant that does not compile is reported, not fatal
+            ms = None
+            print(v, "failed:", str(e).splitlines()[0][:200])
+        rows.append(dict(v, ms=ms))
+        print(f"state_pass {v}: {ms if ms is None else round(ms, 3)} ms", flush=True)
+    n = nb * c
+    q, k = (f(b, n, hk, dk) for _ in range(2))
+    op = (q, k, f(b, n, h, dv), -jnp.abs(f(b, n, h)), jnp.abs(f(b, n, h)), f(b, h, dk, dv))
+    impl = "pallas_interpret" if small else "pallas_triton"
+    whole = timed(jax.jit(lambda *a: chain_delta_rule(*a, implementation=impl)), *op)
+    print(f"chain_delta_rule, {n} tokens: {whole:.3f} ms", flush=True)
+    json.dump(dict(device=jax.devices()[0].device_kind, shape=dict(b=b, blocks=nb, heads=h, key_heads=hk, chunk=c,
+                                                                    dk=dk, dv=dv),
+                   state_pass=rows, chain_delta_rule_ms=whole), open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "--small" in sys.argv)
