@@ -373,14 +373,16 @@ def _state_pass_kernel(w_ref, u_ref, kdt_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "precision", "num_warps"))
-def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_chunk=32, precision="tf32x3",
+def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=16, key_chunk=32, precision="ieee",
                num_warps=4):
     """`reference.state_pass` as one kernel: the serial part of a chain, every block's products with the state,
     without a launch per block. w, u [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv, mv
     [B, NB, H, C, Dv]; gl [B, NB, H]; s0 [B, H, Dk, Dv]; all fp32. block_dv: value columns per program; key_chunk:
-    key dims per piece of the state (powers of two >= 16). precision: of the products ("tf32x3" by default: the
-    first version, whole [C, Dk] tiles in fp32 FMA dots, took 108 ms a layer at the real shape and 8K tokens on an
-    H100, bench/results/2026-12-06-h100-s61/)."""
+    key dims per piece of the state (powers of two >= 16). precision: of the products. The defaults are the
+    fastest variant that compiled at the real shape (8K tokens, 48 heads, Dk = Dv = 128) on an H100: 3.98 ms a
+    layer; tf32x3 4.91 at block_dv 16, ieee 6.56 at 32; block_dv 32 with tf32x3 and 64 with either asked for more
+    shared memory than the card has. The first version, whole [C, Dk] tiles, took 108 ms a layer
+    (bench/results/2026-12-06-h100-s61/)."""
     b, nb, h, c, dk = w.shape
     dv = tbv.shape[-1]
     if c % TILE or c != pl.next_power_of_2(c):
