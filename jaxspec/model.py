@@ -30,8 +30,7 @@ from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
-from pallas_kernels.tree_delta_rule import resolve, state_at, states_at, tree_delta_rule
-from pallas_kernels.tree_delta_rule.chain import chain_delta_rule
+from pallas_kernels.tree_delta_rule import chain_delta_rule, resolve, state_at, states_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
 

@@ -172,18 +172,24 @@ def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
 
 
 
-@pytest.mark.parametrize("p, part", [(150, 70), (40, 23)])
-def test_forward_committing_as_it_goes_equals_commit(tiny_hf, p, part):
+@pytest.mark.parametrize("p, part, implementation", [(150, 70, None), (40, 23, None), (150, 70, "pallas_interpret")])
+def test_forward_committing_as_it_goes_equals_commit(tiny_hf, p, part, implementation, monkeypatch):
     """A chain forward with commit_n (each GDN layer takes its committed state inside the delta rule, as the
     prefill runs) leaves the state that the forward then `commit` leaves, and the same logits at the committed
-    tokens: across blocks
-    of the chunked delta rule (150 tokens: 64 + 64 + 22) and in one block (40), for rows committing all of the
-    piece, part of it (70: inside the second block) and none of it (a finished row keeps its state)."""
+    tokens (to rounding: across blocks the two run different forms of the delta rule, chain.py's and a scan of tree
+    blocks): across blocks of the chunked delta rule (150 tokens: 64 + 64 + 22) and in one block (40), for rows
+    committing all of the piece, part of it (70: inside the second block) and none of it (a finished row keeps its
+    state). With `implementation`, every delta rule runs that way ("pallas_interpret": the GPU's kernels
+    interpreted)."""
     import jax
     from flax import nnx
 
     from jaxspec.model import commit
 
+    from pallas_kernels.tree_delta_rule import ENV_VAR
+
+    if implementation:
+        monkeypatch.setenv(ENV_VAR, implementation)
     model = load_target(tiny_hf[0], dtype="float32")
     fwd, com = jitted(model)
     graphdef, params = nnx.split(model)

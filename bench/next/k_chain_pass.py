@@ -1,5 +1,6 @@
-"""#6 / the prefill (session 61): the chain's state-pass kernel at the real shape (one layer of an 8K prefill: 128
-blocks of 64, 48 value heads, Dk = Dv = 128), per variant, and the whole chain_delta_rule op with its defaults.
+"""#6 / the prefill (session 61; ~2 min on a GPU): the chain's state-pass kernel at the real shape (one layer of
+an 8K prefill: 128 blocks of 64, 48 value heads, Dk = Dv = 128), per variant, and the whole chain_delta_rule op with
+its defaults.
     python bench/next/k_chain_pass.py OUT.json [--small]       (--small: a CPU dry run, interpret mode)"""
 import json
 import statistics
@@ -32,7 +33,8 @@ def main(out, small):
             jnp.asarray(rng.uniform(0.5, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
     variants = [dict(precision=p, block_dv=bd) for p in ("tf32x3", "ieee") for bd in (16, 32, 64)]
     variants += [dict(precision="tf32x3", block_dv=32, key_chunk=kc) for kc in (16, 64)]
-    variants += [dict(precision="tf32x3", block_dv=bd, num_warps=8) for bd in (32, 64)]
+    variants += [dict(precision=p, block_dv=bd, num_stages=1) for p in ("tf32x3", "ieee") for bd in (16, 32, 64)]
+    variants += [dict(precision="tf32x3", block_dv=bd, num_stages=2) for bd in (32, 64)]
     rows = []
     for v in variants:
         try:
