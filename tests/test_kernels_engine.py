@@ -1,6 +1,7 @@
-"""The whole engine with the Pallas kernels switched on (tree attention, tree delta rule, verification, the
-fused GDN decode step, the GDN tree inputs, the GDN output gate, the fused residual add + RMSNorm, the skinny matmul): greedy AR, AR's step run as a tile of
-rows (`AR(rows)`), DFlash chains and DDTree trees stay token-identical to plain greedy AR without kernels, with
+"""The whole engine with the Pallas kernels switched on (tree attention, the tree delta rule and its chain form for
+a prefill of more than 64 tokens, verification, the fused GDN decode step, the GDN tree inputs, the GDN output gate,
+the fused residual add + RMSNorm, the skinny matmul): greedy AR, AR's step run as a tile of rows (`AR(rows)`), DFlash
+chains and DDTree trees stay token-identical to plain greedy AR without kernels, with
 oracle drafters so that every acceptance length and sibling branches occur.
 
 CPU: the kernels in interpret mode. GPU (`-m gpu`): the compiled Triton kernels, fp32 tiny target
@@ -31,7 +32,8 @@ def baseline(tiny_hf):
     """Greedy AR with every op on its jnp reference (on a GPU too, where some kernels are the default)."""
     target = load_target(tiny_hf[0], dtype="float32")
     rs = np.random.RandomState(7)
-    prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 17)]
+    # 90 tokens: the prefill's piece of 128 runs the chain delta rule (more than one block of 64)
+    prompts = [rs.randint(0, 512, size=n).tolist() for n in (3, 29, 17, 90)]
     n_new = 22
     with pytest.MonkeyPatch.context() as mp:
         for flag in FLAGS:
@@ -43,6 +45,7 @@ def _count_traces(monkeypatch):
     """Counts, per kernel, how often the engine traced it (so a silent fallback to jnp would fail)."""
     traced = {}
     for module, name in ((attention_kernel, "tree_attention"), (delta_rule_kernel, "tree_delta_rule"),
+                         (delta_rule_kernel, "state_pass"),
                          (verify_kernel, "gumbel_partial"), (gdn_decode_kernel, "gdn_decode"),
                          (gdn_inputs_kernel, "gdn_tree_inputs"),
                          (add_norm_kernel, "add_rms_norm"),
@@ -71,7 +74,7 @@ def _check(baseline, monkeypatch, implementation):
     out = tree.generate(prompts, n_new, seed=2, rounds_per_call=4)
     assert out.tokens == ar
     assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
-    assert set(traced) == {"tree_attention", "tree_delta_rule", "gumbel_partial", "gdn_decode",
+    assert set(traced) == {"tree_attention", "tree_delta_rule", "state_pass", "gumbel_partial", "gdn_decode",
                            "gdn_tree_inputs", "add_rms_norm", "matmul"}, traced
 
 

@@ -375,6 +375,39 @@ def test_pallas_kernel_runs_per_shard(request, monkeypatch, flag):
     np.testing.assert_allclose(np.asarray(got)[..., :509], np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
+def test_chain_delta_rule_runs_per_shard(target, monkeypatch):
+    """A prefill of 80 tokens (two blocks of 64) with the tree delta rule's kernels selected runs the chain delta
+    rule per shard: its block factors on one sequence of the two and a quarter of the key heads, its state pass on
+    a quarter of the value heads. The committed states and the logits of the committed tokens match the unsharded
+    forward on the jnp solvers (row 1 commits 50 of the 80 tokens)."""
+    from pallas_kernels.tree_delta_rule import pallas_triton as delta_kernel
+    monkeypatch.setenv("JAXSPEC_TREE_DELTA_RULE", "pallas_interpret")
+    shapes = {}
+    for name in ("block_factors", "state_pass"):
+        kernel = getattr(delta_kernel, name)
+        monkeypatch.setattr(delta_kernel, name, lambda x, *a, _k=kernel, _n=name, **kw:
+                            shapes.setdefault(_n, set()).add(x.shape) or _k(x, *a, **kw))
+    mesh = S.make_mesh(4, 2)
+    sharded = S.shard_target(target, mesh)
+    b, p = 2, 80
+    tokens = jnp.asarray(np.random.RandomState(2).randint(0, 509, (b, p)))
+    n = jnp.asarray([p, 50], jnp.int32)
+    run = lambda model, state: jax.jit(lambda prm, t, s, m: nnx.merge(nnx.graphdef(model), prm)(
+        t, s, trees.chain(b, p), commit_n=m))(nnx.state(model), tokens, state, n)
+    with jax.set_mesh(mesh):
+        logits, _, got, _ = run(sharded, S.state_maker(mesh, lambda: init_state(sharded.cfg, b, 96))())
+    cfg = target.cfg
+    assert shapes["block_factors"] == {(2, 64, cfg.linear_num_key_heads // 4, cfg.linear_key_head_dim)}, shapes
+    assert {x[2] for x in shapes["state_pass"]} == {cfg.linear_num_value_heads // 4}, shapes
+    monkeypatch.delenv("JAXSPEC_TREE_DELTA_RULE")
+    ref_logits, _, ref, _ = run(target, init_state(cfg, b, 96))
+    for row, real in enumerate(np.asarray(n)):
+        np.testing.assert_allclose(np.asarray(logits)[row, :real, :509], np.asarray(ref_logits)[row, :real],
+                                   rtol=2e-5, atol=2e-5)
+    for x, y in zip(got.ssm, ref.ssm):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("kernel", ["gdn_decode", "add_rms_norm"])
 def test_opt_in_kernel_runs_per_shard(target, monkeypatch, kernel):
     """The opt-in kernels (the fused GDN decode step, the fused residual add + RMSNorm) under tensor + data
