@@ -146,8 +146,7 @@ def block_factors(q, k, g, beta, *, inverse=None):
     so that, for a block entered at S0, Delta = Tb (V - E K S0) and O = E Q S0 + M (V - E K S0).
     inverse: (I + L)^-1 for strictly lower L [..., C, C] (default: a triangular solve)."""
     f32 = jnp.float32
-    rep = heads_per_key(q, k, jnp.zeros(g.shape + (1,), f32))
-    q, k = (jnp.repeat(x.astype(f32), rep, 2) for x in (q, k))
+    q, k = (jnp.repeat(x.astype(f32), g.shape[2] // q.shape[2], 2) for x in (q, k))
     g, beta = g.astype(f32), beta.astype(f32)
     b, c = q.shape[:2]
     low = jnp.broadcast_to(jnp.tril(jnp.ones((c, c), bool)), (b, c, c))
