@@ -600,7 +600,7 @@ def drafter_loss(drafter_graphdef, target_graphdef, gamma: float):
         tokens, anchors = batch["tokens"], batch["anchors"]
         b, t = tokens.shape
         _, taps, _, _ = target(tokens, init_state(target.cfg, b, t), trees.chain(b, t),
-                               taps=tuple(cfg.target_layer_ids))
+                               taps=tuple(cfg.target_layer_ids), commit_n=_whole(b, t))
         taps = jax.lax.stop_gradient(taps)
         logits = drafter_block_logits(drafter, taps, tokens, anchors, jax.lax.stop_gradient(target.embed_tokens[...]),
                                       jax.lax.stop_gradient(target.unembedding()))
@@ -648,12 +648,20 @@ def corpus_windows(stream: np.ndarray, window: int, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).permutation(n) * window).astype(np.int64)
 
 
+def _whole(b: int, t: int):
+    """commit_n for a teacher-forced forward of [b, t] tokens whose state nobody reads: as a prefill commits, so that
+    a chain of more than one block runs the chain delta rule (pallas_kernels/tree_delta_rule/chain.py) and no
+    per-token terms are kept for a later `commit`."""
+    return jnp.full((b,), t, jnp.int32)
+
+
 def target_taps_greedy(target: Qwen35, tokens, tap_ids: tuple, log_probs: bool = False):
     """(taps [b, t, n_taps, D] float16, greedy [b, t] int32): the target's tapped hidden states and its greedy
     prediction for the next position, teacher-forced on tokens [b, t]; with log_probs, also its
     log-probabilities of the next token [b, t, V] (float32)."""
     b, t = tokens.shape
-    logits, taps, _, _ = target(tokens, init_state(target.cfg, b, t), trees.chain(b, t), taps=tuple(tap_ids))
+    logits, taps, _, _ = target(tokens, init_state(target.cfg, b, t), trees.chain(b, t), taps=tuple(tap_ids),
+                                commit_n=_whole(b, t))
     out = (taps.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32))
     return out + (jax.nn.log_softmax(logits.astype(jnp.float32), -1),) if log_probs else out
 
@@ -1200,7 +1208,7 @@ def first_draft_agreement(target: Qwen35, drafter: Drafter, seqs: np.ndarray, st
     seqs[:, :a] and anchor seqs[:, a] is seqs[:, a + 1] (what a DFlash round at that point accepts first)."""
     b, t = seqs.shape
     logits, taps, _, _ = target(jnp.asarray(seqs), init_state(target.cfg, b, t), trees.chain(b, t),
-                                taps=tuple(drafter.cfg.target_layer_ids))
+                                taps=tuple(drafter.cfg.target_layer_ids), commit_n=_whole(b, t))
     conf = np.asarray(jnp.max(jax.nn.softmax(logits.astype(jnp.float32), -1), -1))
     embed, head = target.embed_tokens[...], target.unembedding()
     graphdef, weights = nnx.split(drafter)
