@@ -243,7 +243,7 @@ def _prepare(q, k, g, beta, anc, *, h, rep, interpret, precision, gram_inside, g
                            precision=lax.Precision.HIGHEST if interpret else PRECISIONS[gram_precision])
         gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
     square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
-    outs = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_prepare_kernel, n=n, precision=precision, gram_inside=gram_inside),
         out_shape=(square_f32, square_f32, jax.ShapeDtypeStruct((b, n_pad, h), f32)),
         grid=(b, h),
@@ -253,7 +253,6 @@ def _prepare(q, k, g, beta, anc, *, h, rep, interpret, precision, gram_inside, g
         interpret=interpret,
         name="tree_delta_rule_prepare",
     )(*gram_args, g, beta, anc)
-    return outs
 
 
 def _pow2_at_least_16(d):
