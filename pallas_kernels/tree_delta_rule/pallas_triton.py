@@ -373,17 +373,17 @@ def _state_pass_kernel(w_ref, u_ref, kdt_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "precision", "num_warps",
                                              "num_stages"))
-def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=16, key_chunk=32, precision="ieee",
-               num_warps=4, num_stages=None):
+def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_chunk=32, precision="tf32x3",
+               num_warps=4, num_stages=1):
     """`reference.state_pass` as one kernel: the serial part of a chain, every block's products with the state,
     without a launch per block. w, u [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv, mv
     [B, NB, H, C, Dv]; gl [B, NB, H]; s0 [B, H, Dk, Dv]; all fp32. block_dv: value columns per program; key_chunk:
-    key dims per piece of the state (powers of two >= 16). precision: of the products. The defaults are the
-    fastest variant that compiled at the real shape (8K tokens, 48 heads, Dk = Dv = 128) on an H100: 3.98 ms a
-    layer; tf32x3 4.91 at block_dv 16, ieee 6.56 at 32; block_dv 32 with tf32x3 and 64 with either asked for more
-    shared memory than the card has. The first version, whole [C, Dk] tiles, took 108 ms a layer
-    (bench/results/2026-12-06-h100-s61/). num_stages: Triton's software pipelining of the loop over blocks (None:
-    Triton's default), whose buffers are what ran out of shared memory; not yet timed."""
+    key dims per piece of the state (powers of two >= 16). precision: of the products. num_stages: Triton's
+    software pipelining of the loop over blocks. The defaults are the fastest variant at the real shape (8K tokens,
+    48 heads, Dk = Dv = 128) on an H100: 2.65 ms a layer, against 3.71 for ieee at 16 columns with Triton's own
+    pipelining (session 61's default). Pipelined, tf32x3 at 32 columns and either precision at 64 asked for more
+    shared memory than the card has; one stage fits them all. The first version, whole [C, Dk] tiles, took 108 ms a
+    layer (bench/results/2026-12-06-h100-s61/, bench/results/2026-12-06-h100-s62/)."""
     b, nb, h, c, dk = w.shape
     dv = tbv.shape[-1]
     if c % TILE or c != pl.next_power_of_2(c):
