@@ -1,4 +1,4 @@
-"""#6 / the prefill (session 61; ~2 min on a GPU): the chain's state-pass kernel at the real shape (one layer of
+"""#6 / the prefill (sessions 61-62; ~2 min on a GPU): the chain's state-pass kernel at the real shape (one layer of
 an 8K prefill: 128 blocks of 64, 48 value heads, Dk = Dv = 128), per variant, and the whole chain_delta_rule op with
 its defaults.
     python bench/next/k_chain_pass.py OUT.json [--small]       (--small: a CPU dry run, interpret mode)"""
@@ -31,10 +31,14 @@ def main(out, small):
     f = lambda *shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32)
     args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
             jnp.asarray(rng.uniform(0.5, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
-    variants = [dict(precision=p, block_dv=bd) for p in ("tf32x3", "ieee") for bd in (16, 32, 64)]
-    variants += [dict(precision="tf32x3", block_dv=32, key_chunk=kc) for kc in (16, 64)]
-    variants += [dict(precision=p, block_dv=bd, num_stages=1) for p in ("tf32x3", "ieee") for bd in (16, 32, 64)]
-    variants += [dict(precision="tf32x3", block_dv=bd, num_stages=2) for bd in (32, 64)]
+    # Session 62's default (tf32x3, 32 columns, one stage, 4 warps) first, then its warps and the "states" form
+    # (O after the pass); session 62's call 1 swept precision, columns, key pieces and stages.
+    base = dict(precision="tf32x3", num_stages=1)
+    variants = [dict(base, block_dv=bd, num_warps=nw) for bd, nw in ((32, 4), (32, 2), (32, 8), (16, 2), (16, 4),
+                                                                     (64, 8))]
+    variants += [dict(precision="tf32x3", block_dv=64, num_stages=2, num_warps=8)]
+    variants += [dict(base, block_dv=bd, num_warps=nw, form="states") for bd, nw in ((32, 4), (32, 8), (16, 4),
+                                                                                    (64, 4), (64, 8))]
     rows = []
     for v in variants:
         try:
