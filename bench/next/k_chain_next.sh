@@ -1,9 +1,9 @@
 #!/bin/bash
 # #6 / the prefill (either card, one call, ~7 min): session 61's chain delta rule, next steps (sessions 61-62):
-#   1. the state pass's variants at one layer's 8K shape (bench/next/k_chain_pass.py: warps and the "states" form
-#      beside the default, tf32x3 / 32 value columns / one stage, 2.646 ms a layer on an H100);
+#   1. the state pass at one layer's 8K shape (bench/next/k_chain_pass.py: the default, tf32x3 / 32 value columns /
+#      one stage / O after the pass, 2.359 ms a layer on an H100 in session 62, beside three neighbours);
 #   2. the op's GPU tests and the engine's (the engine's with a 90-token prompt: the chain op inside the engine);
-#   3. the 8K prefill with its profile by part (949.68 ms on an H100 at b19f35b).
+#   3. the 8K prefill with its profile by part (936.65 ms on an H100 at a35c645).
 #   OUT=... [ENGINE=0] bash bench/next/k_chain_next.sh   (writes $OUT/chain-next.tgz; ENGINE=0 skips the engine's
 #                                                        GPU tests, ~2 min)
 #   JAX_PLATFORMS=cpu OUT=/tmp/x SMALL=1 bash bench/next/k_chain_next.sh      (dry run: the sweep interpreted, the

@@ -31,14 +31,9 @@ def main(out, small):
     f = lambda *shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32)
     args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
             jnp.asarray(rng.uniform(0.5, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
-    # Session 62's default (tf32x3, 32 columns, one stage, 4 warps) first, then its warps and the "states" form
-    # (O after the pass); session 62's call 1 swept precision, columns, key pieces and stages.
-    base = dict(precision="tf32x3", num_stages=1)
-    variants = [dict(base, block_dv=bd, num_warps=nw) for bd, nw in ((32, 4), (32, 2), (32, 8), (16, 2), (16, 4),
-                                                                     (64, 8))]
-    variants += [dict(precision="tf32x3", block_dv=64, num_stages=2, num_warps=8)]
-    variants += [dict(base, block_dv=bd, num_warps=nw, form="states") for bd, nw in ((32, 4), (32, 8), (16, 4),
-                                                                                    (64, 4), (64, 8))]
+    # The default (tf32x3, 32 columns, one stage, 4 warps) first; session 62's calls 1 and 6 swept precision,
+    # columns, key pieces, stages, warps and O inside or after the pass (bench/results/2026-12-06-h100-s62/).
+    variants = [dict(), dict(block_dv=16, num_warps=2), dict(block_dv=64, num_warps=8), dict(key_chunk=16)]
     rows = []
     for v in variants:
         try:

@@ -352,22 +352,18 @@ def block_factors(q, k, g, beta, *, interpret=False, precision="ieee", gram_prec
     return jnp.where(low, tb, 0.0), jnp.where(low, m, 0.0), G
 
 
-def _state_pass_kernel(w_ref, u_ref, kdt_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o_ref, s_ref, *, blocks, key_chunk,
-                       precision):
+def _state_pass_kernel(w_ref, kdt_ref, tbv_ref, gl_ref, s0_ref, st_ref, s_ref, *, blocks, key_chunk, precision):
     """One program per batch row, value head and slice of the value dim walks the chain's blocks in order, its
     state slice [Dk, block_dv] in registers as Dk / key_chunk pieces (every load is a [C, key_chunk] or [key_chunk,
-    C] tile, never a whole [C, Dk] one): Delta = Tb V - W S, O = M V + U S, S <- e^{G_last} S + Kd^T Delta.
-    With u_ref = mv_ref = None (the "states" form) it writes the state entering each block to o_ref instead of O."""
+    C] tile, never a whole [C, Dk] one): Delta = Tb V - W S, the state entering block c to st_ref[c], and
+    S <- e^{G_last} S + Kd^T Delta."""
     dot = functools.partial(_dot, precision=precision)
     pieces = [pl.ds(i * key_chunk, key_chunk) for i in range(s0_ref.shape[0] // key_chunk)]
 
     def block(c, s):
         delta = tbv_ref[c] - sum(dot(w_ref[c, :, ks], si) for ks, si in zip(pieces, s))
-        if u_ref is None:
-            for ks, si in zip(pieces, s):
-                o_ref[c, ks, :] = si
-        else:
-            o_ref[c] = mv_ref[c] + sum(dot(u_ref[c, :, ks], si) for ks, si in zip(pieces, s))
+        for ks, si in zip(pieces, s):
+            st_ref[c, ks, :] = si
         gl = gl_ref[c]
         return tuple(gl * si + dot(kdt_ref[c, ks, :], delta) for ks, si in zip(pieces, s))
 
@@ -377,30 +373,26 @@ def _state_pass_kernel(w_ref, u_ref, kdt_ref, tbv_ref, mv_ref, gl_ref, s0_ref, o
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "precision", "num_warps",
-                                             "num_stages", "form"))
+                                             "num_stages"))
 def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_chunk=32, precision="tf32x3",
-               num_warps=4, num_stages=1, form="states"):
-    """`reference.state_pass` as one kernel: the serial part of a chain, every block's products with the state,
-    without a launch per block. w, u [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv, mv
-    [B, NB, H, C, Dv]; gl [B, NB, H]; s0 [B, H, Dk, Dv]; all fp32. block_dv: value columns per program; key_chunk:
-    key dims per piece of the state (powers of two >= 16). precision: of the products. num_stages: Triton's
-    software pipelining of the loop over blocks. The defaults are the fastest variant at the real shape (8K tokens,
-    48 heads, Dk = Dv = 128) on an H100: 2.65 ms a layer, against 3.71 for ieee at 16 columns with Triton's own
-    pipelining (session 61's default). Pipelined, tf32x3 at 32 columns and either precision at 64 asked for more
-    shared memory than the card has; one stage fits them all. The first version, whole [C, Dk] tiles, took 108 ms a
-    layer (bench/results/2026-12-06-h100-s61/, bench/results/2026-12-06-h100-s62/).
-    form: "states" (the default) keeps only Delta and the state update in the serial loop, writes the state entering
-    every block ([B, NB, H, Dk, Dv] fp32: 400 MB a layer of an 8K prefill) and forms O = M V + U S as one batched
-    product after it: 2.36 against 3.00 ms a layer for "in_pass", which forms O inside the loop (one H100 lease,
-    session 62's call 6)."""
+               num_warps=4, num_stages=1):
+    """`reference.state_pass` as one kernel for the serial part of a chain, without a launch per block. w, u
+    [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv, mv [B, NB, H, C, Dv]; gl [B, NB, H]; s0
+    [B, H, Dk, Dv]; all fp32. The kernel's loop keeps only Delta = Tb V - W S and the state update, and writes the
+    state entering every block ([B, NB, H, Dk, Dv] fp32: 400 MB a layer of an 8K prefill); O = M V + U S is then one
+    batched product. block_dv: value columns per program; key_chunk: key dims per piece of the state (powers of two
+    >= 16). precision: of the products. num_stages: Triton's software pipelining of the loop over blocks.
+    The defaults are the fastest variant at the real shape (8K tokens, 48 heads, Dk = Dv = 128) on an H100: with O
+    inside the loop, tf32x3 at 32 columns and one stage took 2.65 ms a layer, against 3.71 for ieee at 16 columns
+    with Triton's own pipelining (which asked for more shared memory than the card has at 32 columns in tf32x3 and
+    at 64 in either); taking O out of the loop then gave 2.36 against 3.00 ms in another lease. The first version,
+    whole [C, Dk] tiles, took 108 ms a layer (bench/results/2026-12-06-h100-s61/, bench/results/2026-12-06-h100-s62/)."""
     b, nb, h, c, dk = w.shape
     dv = tbv.shape[-1]
     if c % TILE or c != pl.next_power_of_2(c):
         raise ValueError(f"state_pass: blocks of a power of two >= {TILE} nodes, got {c}")
     if precision not in PRECISIONS:
         raise ValueError(f"state_pass: precision={precision!r}; expected one of {', '.join(PRECISIONS)}")
-    if form not in ("in_pass", "states"):
-        raise ValueError(f"state_pass: form={form!r}; expected 'in_pass' or 'states'")
     dkp, dvp = _pow2_at_least_16(dk), _pow2_at_least_16(dv)
     block_dv = min(_pow2_at_least_16(block_dv), dvp)
     key_chunk = min(_pow2_at_least_16(key_chunk), dkp)
@@ -414,40 +406,28 @@ def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_
         x = x.astype(jnp.float32)
         return jnp.pad(x, widths) if any(wd for _, wd in widths) else x
 
-    u_in, mv_in = u, mv
-    w, u = (pad(x, (4, dkp)) for x in (w, u))
+    w = pad(w, (4, dkp))
     kdt = pad(kdt, (3, dkp))
-    tbv, mv = (pad(x, (4, dvp)) for x in (tbv, mv))
+    tbv = pad(tbv, (4, dvp))
     gl = pad(gl)
     s0 = jnp.pad(s0.astype(jnp.float32), [(0, 0), (0, 0), (0, dkp - dk), (0, dvp - dv)])
-    keys = pl.BlockSpec((None, nbp, None, c, dkp), lambda bi, hi, vi: (bi, 0, hi, 0, 0))
-    keys_t = pl.BlockSpec((None, nbp, None, dkp, c), lambda bi, hi, vi: (bi, 0, hi, 0, 0))
-    vals = pl.BlockSpec((None, nbp, None, c, block_dv), lambda bi, hi, vi: (bi, 0, hi, 0, vi))
+    index = lambda bi, hi, vi: (bi, 0, hi, 0, 0)
+    columns = lambda bi, hi, vi: (bi, 0, hi, 0, vi)
     state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, vi: (bi, hi, 0, vi))
-    gates = pl.BlockSpec((None, nbp, None), lambda bi, hi, vi: (bi, 0, hi))
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
-    kernel = functools.partial(_state_pass_kernel, blocks=nb, key_chunk=key_chunk, precision=prec)
-    if form == "in_pass":
-        args, in_specs, rows = (w, u, kdt, tbv, mv, gl, s0), [keys, keys, keys_t, vals, vals, gates, state], c
-    else:
-        def states_kernel(w_ref, kdt_ref, tbv_ref, gl_ref, s0_ref, st_ref, s_ref):
-            kernel(w_ref, None, kdt_ref, tbv_ref, None, gl_ref, s0_ref, st_ref, s_ref)
-
-        args, in_specs, rows = (w, kdt, tbv, gl, s0), [keys, keys_t, vals, gates, state], dkp
-    o, s = pl.pallas_call(
-        kernel if form == "in_pass" else states_kernel,
-        out_shape=(jax.ShapeDtypeStruct((b, nbp, h, rows, dvp), jnp.float32),
+    states, s = pl.pallas_call(
+        functools.partial(_state_pass_kernel, blocks=nb, key_chunk=key_chunk, precision=prec),
+        out_shape=(jax.ShapeDtypeStruct((b, nbp, h, dkp, dvp), jnp.float32),
                    jax.ShapeDtypeStruct((b, h, dkp, dvp), jnp.float32)),
         grid=(b, h, dvp // block_dv),
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, nbp, None, rows, block_dv), lambda bi, hi, vi: (bi, 0, hi, 0, vi)), state],
+        in_specs=[pl.BlockSpec((None, nbp, None, c, dkp), index), pl.BlockSpec((None, nbp, None, dkp, c), index),
+                  pl.BlockSpec((None, nbp, None, c, block_dv), columns),
+                  pl.BlockSpec((None, nbp, None), lambda bi, hi, vi: (bi, 0, hi)), state],
+        out_specs=[pl.BlockSpec((None, nbp, None, dkp, block_dv), columns), state],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="chain_state_pass",
-    )(*args)
-    s = s[:, :, :dk, :dv]
-    if form == "in_pass":
-        return o[:, :nb, :, :, :dv], s
+    )(w, kdt, tbv, gl, s0)
     # O = M V + U S_in for every block at once, S_in the state entering the block
-    o = jnp.einsum("bnhck,bnhkv->bnhcv", u_in.astype(jnp.float32), o[:, :nb, :, :dk, :dv], precision=prec)
-    return mv_in.astype(jnp.float32) + o, s
+    o = jnp.einsum("bnhck,bnhkv->bnhcv", u.astype(jnp.float32), states[:, :nb, :, :dk, :dv], precision=prec)
+    return mv.astype(jnp.float32) + o, s[:, :, :dk, :dv]
