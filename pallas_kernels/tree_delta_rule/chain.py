@@ -8,9 +8,9 @@ through two products (reference.block_factors):
 with W = Tb E K, U = E Q - M E K and Kd = e^{G_last - G} K. So Tb, M and the six products above that do not
 involve S are formed for all blocks at once (batched products), and only the pass over the blocks is serial
 (reference.state_pass, or `pallas_triton.state_pass`: one kernel for the whole pass, whose loop keeps Delta and the
-state update and writes the state entering each block; O is then one batched product). Before, the model ran the whole tree delta rule once per block in a scan: on an
-H100 at the real shape the 8K prefill's GDN part took 492 ms, 74,265 kernels, most of them a few microseconds
-each (bench/results/2026-12-06-h100-s61/prefill-gdn/).
+state update and writes the state entering each block; O is then one batched product). Before, the model ran the
+whole tree delta rule once per block in a scan: on an H100 at the real shape the 8K prefill's GDN part took 492 ms,
+74,265 kernels, most of them a few microseconds each (bench/results/2026-12-06-h100-s61/prefill-gdn/).
 
 A token with g = beta = 0 leaves the state exactly as it was (its Delta is 0 and its decay 1), so a caller
 commits only a prefix of a row by zeroing both past it.
