@@ -386,7 +386,7 @@ def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_
     inside the loop, tf32x3 at 32 columns and one stage took 2.65 ms a layer, against 3.71 for ieee at 16 columns
     with Triton's own pipelining (which asked for more shared memory than the card has at 32 columns in tf32x3 and
     at 64 in either); taking O out of the loop then gave 2.36 against 3.00 ms in another lease. The first version,
-    whole [C, Dk] tiles, took 108 ms a layer (bench/results/2026-12-06-h100-s61/, bench/results/2026-12-06-h100-s62/)."""
+    whole [C, Dk] tiles, took 108 ms a layer (bench/results/2026-12-06-h100-s61/ and -s62/)."""
     b, nb, h, c, dk = w.shape
     dv = tbv.shape[-1]
     if c % TILE or c != pl.next_power_of_2(c):
