@@ -485,8 +485,9 @@ class Qwen35(nnx.Module):
         written to slots length..length+N-1, Pending for `commit`).
 
         commit_n [B] (a chain only: a prefill): commit the first commit_n[b] tokens as the forward goes: each GDN
-        layer takes its state after token commit_n[b] - 1 inside the delta rule's scan over blocks, so that none
-        of the per-token terms `commit` needs (~100 KB a token a layer at the real shape) is kept. Returns the
+        layer takes its state after token commit_n[b] - 1 from the delta rule itself (`delta_rule`: past one block,
+        the chain delta rule with the tokens after commit_n[b] made inert), so that none of the per-token terms
+        `commit` needs (~100 KB a token a layer at the real shape) is kept. Returns the
         committed state (what `commit` gives with the path 0..N-1) and an empty Pending.
         """
         if commit_n is not None and not tree.chain:
