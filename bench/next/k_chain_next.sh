@@ -4,8 +4,8 @@
 #      one stage / O after the pass, 2.359 ms a layer on an H100 in session 62, beside three neighbours);
 #   2. the op's GPU tests and the engine's (the engine's with a 90-token prompt: the chain op inside the engine);
 #   3. the 8K prefill with its profile by part (936.65 ms on an H100 at a35c645).
-#   OUT=... [ENGINE=0] bash bench/next/k_chain_next.sh   (writes $OUT/chain-next.tgz; ENGINE=0 skips the engine's
-#                                                        GPU tests, ~2 min)
+#   OUT=... [ENGINE=0] [DUMP=1] bash bench/next/k_chain_next.sh   (writes $OUT/chain-next.tgz; ENGINE=0 skips the
+#                       engine's GPU tests, ~2 min; DUMP=1 keeps the prefill's trace and optimized HLO in dump/)
 #   JAX_PLATFORMS=cpu OUT=/tmp/x SMALL=1 bash bench/next/k_chain_next.sh      (dry run: the sweep interpreted, the
 #                                                                             tiny config's prefill, no GPU tests)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -25,6 +25,6 @@ if [ -z "$SMALL" ]; then
   fi
   H="--config real --prompt 8192"
 else H="--config tiny --prompt 200 --copy-gib 0.01 --matmul-n 64"; fi
-timeout 150 python -m bench.harness $H --contexts '' --profile-prefill --out $W/prefill.json > $W/prefill.log 2>&1
+timeout 150 python -m bench.harness $H --contexts '' --profile-prefill ${DUMP:+--dump-dir $W/dump} --out $W/prefill.json > $W/prefill.log 2>&1
 echo "prefill rc=$?"; grep -v "^WARNING: Location" $W/prefill.log | grep -E "prefill P=.*(ms,|profile)|rror" | cut -c1-220 \
   | tail -2
