@@ -20,6 +20,8 @@ from flax import nnx
 
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.tree import Tree, ancestor_at
+from pallas_kernels.chain_attention import api as chain_api
+from pallas_kernels.chain_attention import chain_attention
 from pallas_kernels.tree_attention import api as attention_api
 from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
@@ -229,8 +231,13 @@ class Attention(nnx.Module):
         keys = keys.at[rows, slots].set(k.astype(keys.dtype))
         values = values.at[rows, slots].set(v.astype(values.dtype))
 
-        # Visible: the committed prefix, and tree slots that are ancestors-or-self (pallas_kernels/tree_attention).
-        out = cached_tree_attention(q, keys, values, start, tree.anc).reshape(b, n, cfg.num_heads * hd)
+        # Visible: the committed prefix, and tree slots that are ancestors-or-self (pallas_kernels/tree_attention;
+        # a chain, pallas_kernels/chain_attention).
+        if tree.chain:
+            out = cached_chain_attention(q, k, v, keys, values, start, tree.anc)
+        else:
+            out = cached_tree_attention(q, keys, values, start, tree.anc)
+        out = out.reshape(b, n, cfg.num_heads * hd)
         out = out * jax.nn.sigmoid(gate.reshape(b, n, -1)).astype(out.dtype)
         return self.o_proj(out.astype(x.dtype)), keys, values
 
@@ -343,6 +350,16 @@ def cached_tree_attention(q, keys, values, start, anc):
     if attention_api.resolve() != "reference":
         return sharding.per_shard_attention(tree_attention, q, keys, values, start, anc)
     return tree_attention(q, keys, values, start, anc)
+
+
+def cached_chain_attention(q, k, v, keys, values, start, anc):
+    """`chain_attention` (pallas_kernels/chain_attention) for the target's chains (prefill pieces, DFlash blocks): k, v
+    [B, N, KV, hd] the chain's own keys and values, already in the cache. Where it resolves to the tree op (short chains,
+    no GPU), exactly `cached_tree_attention`; else its kernels run per shard under a mesh."""
+    if chain_api.resolve(q, k.astype(keys.dtype), keys) == "tree":
+        return cached_tree_attention(q, keys, values, start, anc)
+    return sharding.per_shard_chain_attention(chain_attention, q, k.astype(keys.dtype), v.astype(values.dtype), keys,
+                                              values, start)
 
 
 def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):

@@ -524,6 +524,13 @@ def per_shard_attention(fn, q, keys, values, start, anc):
     return _manual(fn, (q, keys, values, start, anc), (heads, heads, heads, P(DATA), P(DATA)), heads)
 
 
+def per_shard_chain_attention(fn, q, k, v, keys, values, start):
+    """Chain attention (q [B,N,H,hd]; the chain's k, v [B,N,KV,hd]; keys, values [B,L,KV,hd]; start [B]) run per
+    shard over (data: batch, model: heads), as `per_shard_attention`."""
+    heads = P(DATA, None, MODEL, None)
+    return _manual(fn, (q, k, v, keys, values, start), (heads,) * 5 + (P(DATA),), heads)
+
+
 # ------------------------------------------------------------------------------------------------ loading
 
 

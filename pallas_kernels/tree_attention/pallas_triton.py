@@ -56,8 +56,10 @@ def _online_update(carry, s, mask, v, key_ok, precision):
     return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
-def _kernel(start_ref, cols_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc_ref, *, splits, block_k,
-            length, precision):
+def _kernel(start_ref, q_ref, k_ref, v_ref, *refs, splits, block_k, length, precision, tree_block):
+    """With `tree_block` the refs are (cols, anc, m, l, acc) and program `splits` takes the tree block; without, they
+    are (m, l, acc) and every program takes a share of the prefix (`prefix_partials`)."""
+    cols_ref, anc_ref, m_ref, l_ref, acc_ref = refs if tree_block else (None, None) + refs
     split = pl.program_id(2)
     start = start_ref[()]
     bq, hd = q_ref.shape
@@ -103,7 +105,7 @@ def _kernel(start_ref, cols_ref, q_ref, k_ref, v_ref, anc_ref, m_ref, l_ref, acc
 
         return lax.fori_loop(0, pl.cdiv(cols_ref[()], block_k), body, init)
 
-    m, l, acc = lax.cond(split < splits, prefix, tree)
+    m, l, acc = lax.cond(split < splits, prefix, tree) if tree_block else prefix()
     m_ref[...] = m
     l_ref[...] = l
     acc_ref[...] = acc
@@ -169,13 +171,25 @@ def tiles(rows, hd, itemsize, num_stages=2, block_q=None, block_k=None, num_warp
     return block_q, block_k, num_warps
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
-                                             "num_stages"))
-def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
-                   num_warps=None, num_stages=2):
-    """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
-    >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
-    `default_splits`)."""
+def _rows(x, group):
+    """[B, N, KV * G, ...] -> [B, KV, N * G, ...]: row r = node * G + head of the kv head's group."""
+    b, n, h = x.shape[:3]
+    kvh = h // group
+    x = x.reshape((b, n, kvh, group) + x.shape[3:])
+    return jnp.moveaxis(x, 2, 1).reshape((b, kvh, n * group) + x.shape[4:])
+
+
+def _unrows(x, n, group):
+    """The inverse of `_rows` for [B, KV, R, ...] with R >= N * G rows (padding rows dropped)."""
+    b, kvh = x.shape[:2]
+    x = x[:, :, :n * group].reshape((b, kvh, n, group) + x.shape[3:])
+    return jnp.moveaxis(x, 1, 2).reshape((b, n, kvh * group) + x.shape[4:])
+
+
+def _partials(q, keys, values, start, anc, *, interpret, block_q, block_k, splits, num_warps, num_stages):
+    """The kernel's per-program online-softmax partials (m, l [B, KV, S', R], acc [B, KV, S', R, hd], fp32; R the
+    padded rows) and the group size. With `anc` ([B, N, N]) the last of S' = S + 1 programs takes the tree block;
+    with anc None the S' = S programs share the prefix alone (`prefix_partials`)."""
     b, n, h, hd = q.shape
     length, kvh = keys.shape[1], keys.shape[2]
     if not supports(q.shape, keys.shape):
@@ -189,35 +203,59 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     row_blocks = pl.cdiv(rows, block_q)
     r_pad = row_blocks * block_q
     splits = splits or default_splits(b, kvh, row_blocks, length, block_k)
-    n_tiles = pl.cdiv(n, block_k)
-
-    # [B, KV, R, hd]: row r = node * G + head of the kv head's group
-    qr = q.reshape(b, n, kvh, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, hd)
-    qr = jnp.pad(qr, [(0, 0), (0, 0), (0, r_pad - rows), (0, 0)]).astype(keys.dtype)
-    anc_rows = jnp.repeat(anc.astype(jnp.int8), group, axis=1)                         # [B, R, N]
-    anc_rows = jnp.pad(anc_rows, [(0, 0), (0, r_pad - rows), (block_k, n_tiles * block_k - n)])
-
+    tree_block = anc is not None
+    qr = jnp.pad(_rows(q, group), [(0, 0), (0, 0), (0, r_pad - rows), (0, 0)]).astype(keys.dtype)   # [B, KV, R, hd]
     f32 = jnp.float32
     precision = lax.Precision.HIGHEST if (interpret or keys.dtype == f32) else lax.Precision.DEFAULT
     cache = pl.BlockSpec((None, length, None, hd), lambda bi, ki, si, ri: (bi, 0, ki, 0))
     per_row = lambda *blk: pl.BlockSpec((None, None, None, block_q) + blk,
                                         lambda bi, ki, si, ri: (bi, ki, si, ri) + (0,) * len(blk))
+    in_specs = [pl.BlockSpec((None,), lambda bi, ki, si, ri: (bi,)),
+                pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, si, ri: (bi, ki, ri, 0)), cache, cache]
+    args = [start.astype(jnp.int32), qr, keys, values]
+    if tree_block:
+        n_tiles = pl.cdiv(n, block_k)
+        anc_rows = jnp.repeat(anc.astype(jnp.int8), group, axis=1)                         # [B, R, N]
+        anc_rows = jnp.pad(anc_rows, [(0, 0), (0, r_pad - rows), (block_k, n_tiles * block_k - n)])
+        in_specs += [pl.BlockSpec((None, None), lambda bi, ki, si, ri: (bi, ri)),
+                     pl.BlockSpec((None, block_q, anc_rows.shape[2]), lambda bi, ki, si, ri: (bi, ri, 0))]
+        args += [tree_columns(anc, group, block_q), anc_rows]
+    programs = splits + tree_block
     m, l, acc = pl.pallas_call(
-        functools.partial(_kernel, splits=splits, block_k=block_k, length=length, precision=precision),
-        out_shape=(jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
-                   jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad), f32),
-                   jax.ShapeDtypeStruct((b, kvh, splits + 1, r_pad, hd), f32)),
-        grid=(b, kvh, splits + 1, row_blocks),
-        in_specs=[pl.BlockSpec((None,), lambda bi, ki, si, ri: (bi,)),
-                  pl.BlockSpec((None, None), lambda bi, ki, si, ri: (bi, ri)),
-                  pl.BlockSpec((None, None, block_q, hd), lambda bi, ki, si, ri: (bi, ki, ri, 0)),
-                  cache, cache,
-                  pl.BlockSpec((None, block_q, anc_rows.shape[2]), lambda bi, ki, si, ri: (bi, ri, 0))],
+        functools.partial(_kernel, splits=splits, block_k=block_k, length=length, precision=precision,
+                          tree_block=tree_block),
+        out_shape=(jax.ShapeDtypeStruct((b, kvh, programs, r_pad), f32),
+                   jax.ShapeDtypeStruct((b, kvh, programs, r_pad), f32),
+                   jax.ShapeDtypeStruct((b, kvh, programs, r_pad, hd), f32)),
+        grid=(b, kvh, programs, row_blocks),
+        in_specs=in_specs,
         out_specs=[per_row(), per_row(), per_row(hd)],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="tree_attention",
-    )(start.astype(jnp.int32), tree_columns(anc, group, block_q), qr, keys, values, anc_rows)
-    out = _combine(m, l, acc)[:, :, :rows]                                              # [B, KV, R, hd]
-    out = out.reshape(b, kvh, n, group, hd).transpose(0, 2, 1, 3, 4).reshape(b, n, h, hd)
-    return out.astype(values.dtype)
+    )(*args)
+    return m, l, acc, group
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_q", "block_k", "splits", "num_warps",
+                                             "num_stages"))
+def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
+                   num_warps=None, num_stages=2):
+    """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
+    >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
+    `default_splits`)."""
+    m, l, acc, group = _partials(q, keys, values, start, anc, interpret=interpret, block_q=block_q, block_k=block_k,
+                                 splits=splits, num_warps=num_warps, num_stages=num_stages)
+    return _unrows(_combine(m, l, acc), q.shape[1], group).astype(values.dtype)
+
+
+def prefix_partials(q, keys, values, start, *, interpret=False):
+    """The online-softmax partials of N query nodes (q [B, N, H, hd]) over the committed prefix alone (slots
+    0 .. start-1; nothing of the tree block): m, l [B, N, H, S] and acc [B, N, H, S, hd], fp32, one entry per
+    prefix split, for a caller that attends to the block itself some other way (pallas_kernels/chain_attention)
+    and merges the two."""
+    m, l, acc, group = _partials(q, keys, values, start, None, interpret=interpret, block_q=None, block_k=None,
+                                 splits=None, num_warps=None, num_stages=2)
+    n = q.shape[1]
+    m, l = (_unrows(jnp.moveaxis(x, 2, -1), n, group) for x in (m, l))
+    return m, l, _unrows(jnp.moveaxis(acc, 2, -2), n, group)
