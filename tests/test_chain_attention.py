@@ -108,11 +108,11 @@ def test_other_implementations(seed, implementation):
 
 
 def test_dispatch(monkeypatch):
-    """The tree op off the GPU and for short or fp32 chains on it; cuDNN's split for 16-bit chains of MIN_NODES
-    and more on a GPU; the flag forces, an explicit choice wins, a differentiable trace gets the tree op."""
+    """The tree op off the GPU and for short chains or fp32 caches on it; cuDNN's split for chains of MIN_NODES
+    and more over a 16-bit cache on a GPU (whatever q's dtype: it runs in the cache's); the flag forces, an explicit choice wins, a differentiable trace gets the tree op."""
     S = jax.ShapeDtypeStruct
     monkeypatch.delenv(api.ENV_VAR, raising=False)
-    q = lambda n, dt=jnp.bfloat16: (S((1, n, 24, 256), dt), S((1, n, 4, 256), dt), S((1, 9000, 4, 256), dt))
+    q = lambda n, dt=jnp.bfloat16: (S((1, n, 24, 256), jnp.float32), S((1, 9000, 4, 256), dt))
     assert api.resolve(*q(8192)) == "tree"                               # this test runs on the CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert api.resolve(*q(api.MIN_NODES)) == "pallas_cudnn"
@@ -172,6 +172,6 @@ def test_gpu_real_shape(seed, n, starts):
     """The prefix kernel compiled and cuDNN's causal attention, bf16 at the real heads, against fp32; the default
     dispatch picks them."""
     spec = Spec(len(starts), n, max(starts), shape="chain", dtype="bfloat16")
-    q, k, _, keys, _, _ = inputs(seed, spec, starts)
-    assert api.resolve(q, k, keys) == "pallas_cudnn"
+    q, _, _, keys, _, _ = inputs(seed, spec, starts)
+    assert api.resolve(q, keys) == "pallas_cudnn"
     check(seed, spec, starts, implementation="pallas_cudnn")

@@ -1,11 +1,13 @@
-"""The whole engine with the Pallas kernels switched on (tree attention, the tree delta rule and its chain form for
-a prefill of more than 64 tokens, verification, the fused GDN decode step, the GDN tree inputs, the GDN output gate,
+"""The whole engine with the Pallas kernels switched on (tree attention, chain attention's split (the prefix kernel
+merged with the block's own attention), the tree delta rule and its chain form for a prefill of more than 64 tokens,
+verification, the fused GDN decode step, the GDN tree inputs, the GDN output gate,
 the fused residual add + RMSNorm, the skinny matmul): greedy AR, AR's step run as a tile of rows (`AR(rows)`), DFlash
 chains and DDTree trees stay token-identical to plain greedy AR without kernels, with
 oracle drafters so that every acceptance length and sibling branches occur.
 
 CPU: the kernels in interpret mode. GPU (`-m gpu`): the compiled Triton kernels, fp32 tiny target
-(`JAX_PLATFORMS=cuda python -m pytest tests/test_kernels_engine.py -m gpu`).
+(`JAX_PLATFORMS=cuda python -m pytest tests/test_kernels_engine.py -m gpu`); cuDNN takes no fp32, so there chains go
+through the tree kernel, and a bf16 target checks the chain op's GPU path in the prefill.
 """
 
 import numpy as np
@@ -16,6 +18,7 @@ from jaxspec.engine import AR, Engine
 from kernel_tests import on_gpu
 from oracle import OracleChain, OracleTree, reference
 from pallas_kernels.add_rms_norm import pallas_triton as add_norm_kernel
+from pallas_kernels.chain_attention import api as chain_api
 from pallas_kernels.gdn_decode import pallas_triton as gdn_decode_kernel
 from pallas_kernels.gdn_tree_inputs import pallas_triton as gdn_inputs_kernel
 from pallas_kernels.skinny_matmul import pallas_triton as matmul_kernel
@@ -23,7 +26,7 @@ from pallas_kernels.tree_attention import pallas_triton as attention_kernel
 from pallas_kernels.tree_delta_rule import pallas_triton as delta_rule_kernel
 from pallas_kernels.verify import pallas_triton as verify_kernel
 
-FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_GDN_DECODE",
+FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_CHAIN_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_GDN_DECODE",
          "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_ADD_RMS_NORM", "JAXSPEC_SKINNY_MATMUL")
 
 
@@ -44,7 +47,8 @@ def baseline(tiny_hf):
 def _count_traces(monkeypatch):
     """Counts, per kernel, how often the engine traced it (so a silent fallback to jnp would fail)."""
     traced = {}
-    for module, name in ((attention_kernel, "tree_attention"), (delta_rule_kernel, "tree_delta_rule"),
+    for module, name in ((attention_kernel, "tree_attention"), (attention_kernel, "prefix_partials"),
+                         (delta_rule_kernel, "tree_delta_rule"),
                          (delta_rule_kernel, "state_pass"),
                          (verify_kernel, "gumbel_partial"), (gdn_decode_kernel, "gdn_decode"),
                          (gdn_inputs_kernel, "gdn_tree_inputs"),
@@ -57,10 +61,18 @@ def _count_traces(monkeypatch):
     return traced
 
 
+def _set_flags(monkeypatch, implementation):
+    """Every op's flag to `implementation` (read when the engine's round is traced); chain attention's compiled
+    path is cuDNN, which takes no fp32: on a GPU chains then go through the tree op (its kernel)."""
+    for flag in FLAGS:
+        monkeypatch.setenv(flag, implementation)
+    if implementation == "pallas_triton":
+        monkeypatch.setenv(chain_api.ENV_VAR, "tree")
+
+
 def _check(baseline, monkeypatch, implementation):
     target, prompts, n_new, ar = baseline
-    for flag in FLAGS:
-        monkeypatch.setenv(flag, implementation)      # read when the engine's round is traced
+    _set_flags(monkeypatch, implementation)
     traced = _count_traces(monkeypatch)
     assert Engine(target).generate(prompts, n_new).tokens == ar
     assert Engine(target, AR(5)).generate(prompts, n_new).tokens == ar      # the step as a tile: a forest of roots
@@ -74,8 +86,9 @@ def _check(baseline, monkeypatch, implementation):
     out = tree.generate(prompts, n_new, seed=2, rounds_per_call=4)
     assert out.tokens == ar
     assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
+    split = {"prefix_partials"} if implementation == "pallas_interpret" else set()
     assert set(traced) == {"tree_attention", "tree_delta_rule", "state_pass", "gumbel_partial", "gdn_decode",
-                           "gdn_tree_inputs", "add_rms_norm", "matmul"}, traced
+                           "gdn_tree_inputs", "add_rms_norm", "matmul"} | split, traced
 
 
 @pytest.mark.slow
@@ -97,8 +110,7 @@ def test_interpreted_kernels_keep_speculative_rounds_lossless(tiny_hf, monkeypat
     for flag in FLAGS:
         monkeypatch.setenv(flag, "reference")
     ar = Engine(target).generate(prompts, n_new).tokens
-    for flag in FLAGS:
-        monkeypatch.setenv(flag, "pallas_interpret")      # read when the engine's round is traced
+    _set_flags(monkeypatch, "pallas_interpret")      # chains (AR's step, the DFlash blocks) through the split
     traced = _count_traces(monkeypatch)
     assert Engine(target).generate(prompts, n_new).tokens == ar            # AR's step: the fused GDN decode
     block = 4
@@ -110,5 +122,35 @@ def test_interpreted_kernels_keep_speculative_rounds_lossless(tiny_hf, monkeypat
     out = tree.generate(prompts, n_new, seed=2)
     assert out.tokens == ar
     assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
-    assert set(traced) == {"tree_attention", "tree_delta_rule", "gumbel_partial", "gdn_decode",
+    assert set(traced) == {"tree_attention", "prefix_partials", "tree_delta_rule", "gumbel_partial", "gdn_decode",
                            "gdn_tree_inputs", "add_rms_norm", "matmul"}, traced
+
+
+@on_gpu
+def test_gpu_chain_attention_in_a_bf16_prefill(tiny_hf, monkeypatch):
+    """A bf16 target's prefill in pieces of 128 (the second and third over a prefix) through the chain op's default
+    GPU path, cuDNN's causal attention merged with the prefix kernel, against the same prefill through the tree op:
+    the committed caches and GDN states within bf16's bound, and the engine lossless on top of it (AR against an
+    oracle DFlash chain)."""
+    import jax
+
+    target = load_target(tiny_hf[0], dtype="bfloat16")
+    rs = np.random.RandomState(9)
+    prompts = [rs.randint(0, 512, size=n).tolist() for n in (300, 150)]
+    states = {}
+    for impl in ("tree", None):
+        if impl:
+            monkeypatch.setenv(chain_api.ENV_VAR, impl)
+        else:
+            monkeypatch.delenv(chain_api.ENV_VAR, raising=False)
+        traced = _count_traces(monkeypatch)
+        states[impl] = Engine(target, prefill_chunk=128).prefill(prompts, 512)[1]
+        assert ("prefix_partials" in traced) == (impl is None), traced
+    for a, b in zip(jax.tree.leaves(states[None]), jax.tree.leaves(states["tree"])):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.abs(a - b).max() <= 1e-2 * max(np.abs(b).max(), 1e-6)
+    ar = Engine(target, prefill_chunk=128).generate(prompts, 12).tokens
+    block = 5
+    out = Engine(target, OracleChain(block, 512, ref=reference(prompts, ar, block)), prefill_chunk=128).generate(
+        prompts, 12, seed=1)
+    assert out.tokens == ar

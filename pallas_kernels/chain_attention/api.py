@@ -3,7 +3,7 @@
 | implementation     | what                                                                     | where by default      |
 | ------------------ | ------------------------------------------------------------------------ | --------------------- |
 | "pallas_cudnn"     | the prefix by the tree attention kernel's prefix programs, the block by   | GPU, blocks of >= 128 |
-|                    | cuDNN's causal flash attention, merged (reference.py)                    | 16-bit nodes          |
+|                    | cuDNN's causal flash attention, merged (reference.py)                    | 16-bit caches         |
 | "tree"             | tree attention with a causal mask (whatever pallas_kernels/tree_attention | everywhere else       |
 |                    | runs: its kernel on a GPU)                                               |                       |
 | "reference"        | the spec (tree attention's jnp reference with a causal mask)             | never                 |
@@ -34,9 +34,9 @@ IMPLEMENTATIONS = ("pallas_cudnn", "tree", "reference", "pallas_interpret")
 MIN_NODES = 128     # shorter chains go through the tree kernel
 
 
-def resolve(q, k, keys, implementation: str | None = None) -> str:
-    """The implementation that `chain_attention` runs for nodes q [B, N, H, hd], block keys k and cache keys."""
-    fits = (dispatch.on_gpu() and q.shape[1] >= MIN_NODES and cudnn.supports(q, k) and cudnn.available()
+def resolve(q, keys, implementation: str | None = None) -> str:
+    """The implementation that `chain_attention` runs for nodes q [B, N, H, hd] over the cache keys [B, L, KV, hd]."""
+    fits = (dispatch.on_gpu() and q.shape[1] >= MIN_NODES and cudnn.supports(q, keys) and cudnn.available()
             and pallas_triton.supports(q.shape, keys.shape))
     return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "pallas_cudnn" if fits else "tree", implementation,
                             jnp_default="tree")
@@ -51,7 +51,7 @@ def chain_attention(q, k, v, keys, values, start, *, implementation: str | None 
     if k.shape != q.shape[:2] + keys.shape[2:] or v.shape != k.shape:
         raise ValueError(f"chain_attention: k {k.shape} and v {v.shape} must be the block's [B, N, KV, hd] = "
                          f"{q.shape[:2] + keys.shape[2:]}")
-    name = resolve(q, k, keys, implementation)
+    name = resolve(q, keys, implementation)
     if name == "reference":
         return reference.chain_attention(q, k, v, keys, values, start)
     if name == "tree" or q.size == 0:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
+
 
 def available() -> bool:
     """Whether this jax has the cuDNN binding this module calls."""
@@ -20,12 +22,11 @@ def available() -> bool:
     return True
 
 
-def supports(q, k) -> bool:
-    """Shapes and dtypes cuDNN's fused attention takes: 16-bit q and k of one dtype, head_dim <= 256 and a multiple
-    of 8, query heads a multiple of the kv heads."""
+def supports(q, keys) -> bool:
+    """Shapes and dtypes cuDNN's fused attention takes for nodes q [B, N, H, hd] over a cache keys [B, L, KV, hd]
+    (q and the block's keys run in the cache's dtype): a 16-bit cache, head_dim <= 256 and a multiple of 8."""
     hd = q.shape[-1]
-    return (q.dtype == k.dtype and q.dtype.itemsize == 2 and hd <= 256 and hd % 8 == 0
-            and q.shape[2] % k.shape[2] == 0)
+    return keys.dtype.itemsize == 2 and jnp.issubdtype(keys.dtype, jnp.floating) and hd <= 256 and hd % 8 == 0
 
 
 def self_attention(q, k, v):
