@@ -408,6 +408,37 @@ def test_chain_delta_rule_runs_per_shard(target, monkeypatch):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5)
 
 
+def test_chain_attention_runs_per_shard(target, monkeypatch):
+    """Two prefill pieces of 12 tokens with the chain attention op's split selected (interpreted): the second piece
+    reads the first through the prefix kernel and merges it with its own causal attention, per shard (one sequence
+    of the two, a quarter of the query heads). Its logits match the unsharded forward on the tree op."""
+    from pallas_kernels.tree_attention import pallas_triton as attention_kernel
+    monkeypatch.setenv("JAXSPEC_CHAIN_ATTENTION", "pallas_interpret")
+    shapes = []
+    kernel = attention_kernel.prefix_partials
+    monkeypatch.setattr(attention_kernel, "prefix_partials", lambda q, *a, **kw: shapes.append(q.shape) or
+                        kernel(q, *a, **kw))
+    mesh = S.make_mesh(4, 2)
+    sharded = S.shard_target(target, mesh)
+    b, p = 2, 12
+    pieces = jnp.asarray(np.random.RandomState(3).randint(0, 509, (2, b, p)))
+    n = jnp.full((b,), p, jnp.int32)
+
+    def run(model, state):
+        f = jax.jit(lambda prm, t, s: nnx.merge(nnx.graphdef(model), prm)(t, s, trees.chain(b, p), commit_n=n))
+        _, _, state, _ = f(nnx.state(model), pieces[0], state)
+        logits, _, state, _ = f(nnx.state(model), pieces[1], state)
+        return logits, state
+
+    with jax.set_mesh(mesh):
+        logits, got = run(sharded, S.state_maker(mesh, lambda: init_state(sharded.cfg, b, 32))())
+    assert shapes and set(shapes) == {(1, p, target.cfg.num_heads // 4, target.cfg.head_dim)}, shapes
+    monkeypatch.delenv("JAXSPEC_CHAIN_ATTENTION")
+    ref_logits, ref = run(target, init_state(target.cfg, b, 32))
+    np.testing.assert_allclose(np.asarray(logits)[..., :509], np.asarray(ref_logits), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(got.length), np.asarray(ref.length))
+
+
 @pytest.mark.parametrize("kernel", ["gdn_decode", "add_rms_norm"])
 def test_opt_in_kernel_runs_per_shard(target, monkeypatch, kernel):
     """The opt-in kernels (the fused GDN decode step, the fused residual add + RMSNorm) under tensor + data
