@@ -353,9 +353,9 @@ def cached_tree_attention(q, keys, values, start, anc):
 
 
 def cached_chain_attention(q, k, v, keys, values, start, anc):
-    """`chain_attention` (pallas_kernels/chain_attention) for the target's chains (prefill pieces, DFlash blocks): k, v
-    [B, N, KV, hd] the chain's own keys and values, already in the cache. Where it resolves to the tree op (short chains,
-    no GPU), exactly `cached_tree_attention`; else its kernels run per shard under a mesh."""
+    """`chain_attention` (pallas_kernels/chain_attention) for the target's chains (prefill pieces, DFlash blocks):
+    k, v [B, N, KV, hd] the chain's own keys and values, already in the cache. Where it resolves to the tree op
+    (short chains, no GPU), exactly `cached_tree_attention`; else its kernels run per shard under a mesh."""
     if chain_api.resolve(q, keys) == "tree":
         return cached_tree_attention(q, keys, values, start, anc)
     return sharding.per_shard_chain_attention(chain_attention, q, k.astype(keys.dtype), v.astype(values.dtype), keys,

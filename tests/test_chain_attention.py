@@ -5,7 +5,8 @@ block's own keys in jnp), merged, on fresh random inputs: first pieces (start 0,
 starts, blocks that cross prefix splits. GPU (`-m gpu`): the prefix kernel compiled and cuDNN's causal attention at
 the real heads (24 q / 4 kv of 256, bf16), up to an 8K block, against the reference in fp32.
 
-Errors are max |x - ref| / max |ref|: bound 1e-4 for fp32 inputs, 1e-2 for bf16 (as tests/test_tree_attention_kernel.py).
+Errors are max |x - ref| / max |ref|: bound 1e-4 for fp32 inputs, 1e-2 for bf16 (as in
+tests/test_tree_attention_kernel.py).
 """
 
 from __future__ import annotations
@@ -109,10 +110,11 @@ def test_other_implementations(seed, implementation):
 
 def test_dispatch(monkeypatch):
     """The tree op off the GPU and for short chains or fp32 caches on it; cuDNN's split for chains of MIN_NODES
-    and more over a 16-bit cache on a GPU (whatever q's dtype: it runs in the cache's); the flag forces, an explicit choice wins, a differentiable trace gets the tree op."""
+    and more over a 16-bit cache on a GPU (whatever q's dtype: it runs in the cache's); the flag forces, an explicit
+    choice wins, a differentiable trace gets the tree op."""
     S = jax.ShapeDtypeStruct
     monkeypatch.delenv(api.ENV_VAR, raising=False)
-    q = lambda n, dt=jnp.bfloat16: (S((1, n, 24, 256), jnp.float32), S((1, 9000, 4, 256), dt))
+    q = lambda n, dt=jnp.bfloat16: (S((1, n, 24, 256), jnp.float32), S((1, 9000, 4, 256), dt))  # (q, keys)
     assert api.resolve(*q(8192)) == "tree"                               # this test runs on the CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert api.resolve(*q(api.MIN_NODES)) == "pallas_cudnn"

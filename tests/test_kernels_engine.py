@@ -26,8 +26,8 @@ from pallas_kernels.tree_attention import pallas_triton as attention_kernel
 from pallas_kernels.tree_delta_rule import pallas_triton as delta_rule_kernel
 from pallas_kernels.verify import pallas_triton as verify_kernel
 
-FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_CHAIN_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_GDN_DECODE",
-         "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_ADD_RMS_NORM", "JAXSPEC_SKINNY_MATMUL")
+FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_CHAIN_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE",
+         "JAXSPEC_GDN_DECODE", "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_ADD_RMS_NORM", "JAXSPEC_SKINNY_MATMUL")
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,24 @@
 """The public chain attention: one contract (reference.chain_attention), several implementations.
 
-| implementation     | what                                                                     | where by default      |
-| ------------------ | ------------------------------------------------------------------------ | --------------------- |
-| "pallas_cudnn"     | the prefix by the tree attention kernel's prefix programs, the block by   | GPU, blocks of >= 128 |
-|                    | cuDNN's causal flash attention, merged (reference.py)                    | 16-bit caches         |
-| "tree"             | tree attention with a causal mask (whatever pallas_kernels/tree_attention | everywhere else       |
-|                    | runs: its kernel on a GPU)                                               |                       |
-| "reference"        | the spec (tree attention's jnp reference with a causal mask)             | never                 |
-| "pallas_interpret" | the split of "pallas_cudnn" with the prefix kernel interpreted and the   | never (tests)         |
-|                    | block's attention in jnp                                                 |                       |
+| implementation     | what                                                                  | where by default  |
+| ------------------ | --------------------------------------------------------------------- | ----------------- |
+| "pallas_cudnn"     | the prefix by the tree attention kernel's prefix programs, the block  | GPU: chains of    |
+|                    | by cuDNN's causal flash attention, merged (reference.py)              | >= 128 nodes over |
+|                    |                                                                       | a 16-bit cache    |
+| "tree"             | tree attention with a causal mask (whatever                           | everywhere else   |
+|                    | pallas_kernels/tree_attention runs: its kernel on a GPU)              |                   |
+| "reference"        | the spec (tree attention's jnp reference with a causal mask)          | never             |
+| "pallas_interpret" | the split of "pallas_cudnn" with the prefix kernel interpreted and    | never (tests)     |
+|                    | the block's attention in jnp                                          |                   |
 
 A prefill piece is a chain. Through the tree kernel every 64-row block of an 8K chain tiles its keys 32 at a time and
-reads an ancestor mask: 100.9 ms of an 8K prefill's 934 ms on an H100 (16 layers, ~131 TFLOP/s), where cuDNN's kernel
-does the causal half at ~530 (bench/results/2026-12-06-h100-s63/). Short chains (a DFlash block of 16) stay with the
-tree kernel: one launch, not a prefix kernel, a cuDNN call and a merge.
+reads an ancestor mask: 100.9 of an 8K prefill's 934 ms of kernels on an H100 (16 layers, ~131 TFLOP/s), where cuDNN's
+kernel does the causal half at ~530. With this op the 8K prefill went from 958.81 to 886.69 ms on an H100 in one lease,
+and took 864.17 on an H200 (bench/results/2026-12-06-{h100,h200}-s63/). Short chains (a DFlash block of 16) stay with
+the tree kernel: one launch, not a prefix kernel, a cuDNN call and a merge.
 
 An explicit `implementation=` wins; else JAXSPEC_CHAIN_ATTENTION; else the default above. "pallas_cudnn" forced where
-cuDNN cannot run (no GPU, fp32 nodes) fails.
+cuDNN cannot run (no GPU, an fp32 cache) fails.
 """
 
 from __future__ import annotations

@@ -242,8 +242,8 @@ def _partials(q, keys, values, start, anc, *, interpret, block_q, block_k, split
 def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None, block_k=None, splits=None,
                    num_warps=None, num_stages=2):
     """Same contract as reference.tree_attention. block_q: query rows per program (a power of two
-    >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the prefix (default
-    `default_splits`)."""
+    >= 16; default up to 64 for 16-bit caches, 32 for fp32); block_k: keys per tile; splits: programs sharing the
+    prefix (default `default_splits`)."""
     m, l, acc, group = _partials(q, keys, values, start, anc, interpret=interpret, block_q=block_q, block_k=block_k,
                                  splits=splits, num_warps=num_warps, num_stages=num_stages)
     return _unrows(_combine(m, l, acc), q.shape[1], group).astype(values.dtype)
