@@ -71,6 +71,19 @@ def test_split_bf16(seed):
     check(seed, Spec(2, 33, 120, 6, 2, 32, shape="chain", dtype="bfloat16"), [0, 120])
 
 
+@pytest.mark.parametrize("tiles", [dict(block_q=32, block_k=16, splits=3), dict(block_q=16, block_k=32, splits=1)],
+                         ids=str)
+def test_prefix_partials_tiles_and_splits(seed, tiles):
+    """The prefix partials under other tiles and split counts merge to the same attention as the defaults'."""
+    from pallas_kernels.tree_attention import pallas_triton
+    q, k, v, keys, values, start = inputs(seed, Spec(2, 24, 130, 6, 2, 16, shape="chain"), [130, 57])
+    o, lse = reference.self_attention(q, k, v)
+    want = reference.merge(*pallas_triton.prefix_partials(q, keys, values, start, interpret=True), o, lse)
+    got = reference.merge(*pallas_triton.prefix_partials(q, keys, values, start, interpret=True, **tiles), o, lse)
+    assert rel_err(got, want) < BOUND["float32"]
+    assert rel_err(got, reference.chain_attention(q, k, v, keys, values, start)) < BOUND["float32"]
+
+
 def test_first_piece_is_the_blocks_own_attention(seed):
     """With every start 0 the result is the block's causal attention alone, and the reference's."""
     q, k, v, keys, values, start = inputs(seed, Spec(2, 24, 0, 4, 2, 16, shape="chain", ragged=False))

@@ -249,13 +249,14 @@ def tree_attention(q, keys, values, start, anc, *, interpret=False, block_q=None
     return _unrows(_combine(m, l, acc), q.shape[1], group).astype(values.dtype)
 
 
-def prefix_partials(q, keys, values, start, *, interpret=False):
+def prefix_partials(q, keys, values, start, *, interpret=False, block_q=None, block_k=None, splits=None,
+                    num_warps=None, num_stages=2):
     """The online-softmax partials of N query nodes (q [B, N, H, hd]) over the committed prefix alone (slots
     0 .. start-1; nothing of the tree block): m, l [B, N, H, S] and acc [B, N, H, S, hd], fp32, one entry per
     prefix split, for a caller that attends to the block itself some other way (pallas_kernels/chain_attention)
-    and merges the two."""
-    m, l, acc, group = _partials(q, keys, values, start, None, interpret=interpret, block_q=None, block_k=None,
-                                 splits=None, num_warps=None, num_stages=2)
+    and merges the two. Tiles, splits and warps as `tree_attention`'s."""
+    m, l, acc, group = _partials(q, keys, values, start, None, interpret=interpret, block_q=block_q, block_k=block_k,
+                                 splits=splits, num_warps=num_warps, num_stages=num_stages)
     n = q.shape[1]
     m, l = (_unrows(jnp.moveaxis(x, 2, -1), n, group) for x in (m, l))
     return m, l, _unrows(jnp.moveaxis(acc, 2, -2), n, group)
