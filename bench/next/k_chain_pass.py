@@ -3,26 +3,20 @@ an 8K prefill: 128 blocks of 64, 48 value heads, Dk = Dv = 128), per variant, an
 its defaults.
     python bench/next/k_chain_pass.py OUT.json [--small]       (--small: a CPU dry run, interpret mode)"""
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.harness import time_calls
 from pallas_kernels.tree_delta_rule import pallas_triton
 from pallas_kernels.tree_delta_rule.chain import chain_delta_rule
 
 
 def timed(fn, *args, iters=5):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    """Median ms of `iters` synchronised calls after one untimed call (bench.harness.time_calls)."""
+    return time_calls(lambda: jax.block_until_ready(fn(*args)), 1, iters)["median_ms"]
 
 
 def main(out, small):

@@ -6,26 +6,20 @@ head, and the default split count (2) then gives 192 programs for 132 SMs. Each 
 default's (max relative error).
     python bench/next/k_prefix_tiles.py OUT.json [--small]      (--small: a CPU dry run, interpreted, tiny heads)"""
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.harness import time_calls
 from pallas_kernels.chain_attention import cudnn, reference
 from pallas_kernels.tree_attention import pallas_triton
 
 
 def timed(fn, *args, iters=10):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    """Median ms of `iters` synchronised calls after one untimed call (bench.harness.time_calls)."""
+    return time_calls(lambda: jax.block_until_ready(fn(*args)), 1, iters)["median_ms"]
 
 
 VARIANTS = [dict(), dict(splits=4), dict(splits=8), dict(splits=16),
