@@ -356,10 +356,11 @@ def cached_chain_attention(q, k, v, keys, values, start, anc):
     """`chain_attention` (pallas_kernels/chain_attention) for the target's chains (prefill pieces, DFlash blocks):
     k, v [B, N, KV, hd] the chain's own keys and values, already in the cache. Where it resolves to the tree op
     (short chains, no GPU), exactly `cached_tree_attention`; else its kernels run per shard under a mesh."""
-    if chain_api.resolve(q, keys) == "tree":
+    name = chain_api.resolve(q, keys)
+    if name == "tree":
         return cached_tree_attention(q, keys, values, start, anc)
-    return sharding.per_shard_chain_attention(chain_attention, q, k.astype(keys.dtype), v.astype(values.dtype), keys,
-                                              values, start)
+    return sharding.per_shard_chain_attention(functools.partial(chain_attention, implementation=name), q,
+                                              k.astype(keys.dtype), v.astype(values.dtype), keys, values, start)
 
 
 def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
