@@ -34,10 +34,6 @@ from pallas_kernels.tree_attention import pallas_triton
 ENV_VAR = "JAXSPEC_CHAIN_ATTENTION"
 IMPLEMENTATIONS = ("pallas_cudnn", "tree", "reference", "pallas_interpret")
 MIN_NODES = 128     # shorter chains go through the tree kernel
-# The prefix programs' tiles for a piece's many rows (>= 768 at the real shape): 128 query rows on 8 warps, keys 64 at
-# a time (no mask to read on the prefix). Verify's default (64 x 32 on 4 warps) suits a tree's few rows. A piece of
-# 256 nodes over 8000 keys on an H100: 0.368 against 0.711 ms (bench/results/2026-12-06-h100-s64/).
-PREFIX_TILES = dict(block_q=128, block_k=64, num_warps=8)
 
 
 def resolve(q, keys, implementation: str | None = None) -> str:
@@ -67,8 +63,7 @@ def chain_attention(q, k, v, keys, values, start, *, implementation: str | None 
     o, lse = (reference if interpret else cudnn).self_attention(q.astype(dt), k.astype(dt), v.astype(dt))
 
     def with_prefix(_):
-        m, l, acc = pallas_triton.prefix_partials(q, keys, values, start, interpret=interpret,
-                                                     **PREFIX_TILES)
+        m, l, acc = pallas_triton.prefix_partials(q, keys, values, start, interpret=interpret)
         return reference.merge(m, l, acc, o, lse).astype(dt)
 
     # A first piece (every row's start 0) has no prefix to read: the block's attention is the answer.
