@@ -15,13 +15,12 @@ from flax import nnx
 from safetensors import safe_open
 
 from convert import store
-from convert.hf import (DRAFTER_FORMAT, FLOAT_DTYPES, INDEX_NAME, WEIGHTS_NAME, CheckpointError, refuse_converted,
-                        scan)
+from convert.hf import (DRAFTER_FORMAT, FLOAT_DTYPES, INDEX_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME, CheckpointError,
+                        refuse_converted, scan)
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig, load_drafter_config
 
 WEIGHTS = WEIGHTS_NAME
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 def drafter_layout(cfg: DrafterConfig) -> dict[str, tuple[tuple, tuple[int, ...], bool]]:
@@ -60,7 +59,7 @@ def weights_files(model_dir: Path) -> list[Path]:
         found = sorted(p.name for p in model_dir.glob("*.safetensors*"))
         raise CheckpointError(f"{model_dir}: expected {WEIGHTS} (the DFlash drafter layout) or shards with "
                               f"{INDEX_NAME}, found {found}")
-    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise CheckpointError(f"{model_dir}: only pickle checkpoints ({', '.join(pickles)}); jaxspec refuses them "
                               "because loading pickle runs arbitrary code. Convert them to safetensors.")

@@ -31,6 +31,7 @@ from jaxspec.model import Qwen35, fuse_params, split_params
 INDEX_NAME = "model.safetensors.index.json"
 WEIGHTS_NAME = "model.safetensors"   # the single-file layout, which transformers prefers to an index beside it
 CONVERTED_META = "jaxspec.json"      # what convert/store.py writes into a converted dir (store.META)
+PARAMS = "params"                    # a converted dir's Orbax params (convert/store.py)
 TARGET_FORMAT, DRAFTER_FORMAT = "jaxspec-target", "jaxspec-drafter"   # its "format": store.TARGET, drafter.DRAFTER
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Stored dtypes we can convert; anything else is a quantized or otherwise foreign checkpoint.
@@ -81,6 +82,9 @@ def refuse_converted(model_dir: Path) -> None:
         fmt = json.loads(meta.read_text()).get("format")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         fmt = None
+    if not (model_dir / PARAMS).is_dir():     # what an interrupted copy of a converted dir leaves
+        raise CheckpointError(f"{model_dir}: an incomplete converted checkpoint: it has {CONVERTED_META} (format "
+                              f"{fmt!r}) but no params/ dir (a partial copy?); copy it again, or convert again")
     target = f"convert.load_model({str(model_dir)!r}) or `python -m jaxspec.generate --model {model_dir}`"
     drafter = f"convert.load_draft({str(model_dir)!r}) or `python -m jaxspec.generate --draft {model_dir}`"
     how = {TARGET_FORMAT: target, DRAFTER_FORMAT: drafter}.get(

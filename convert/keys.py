@@ -98,11 +98,6 @@ def gdn_channel_order(hk: int, dk: int, hv: int, dv: int) -> np.ndarray:
     return np.concatenate(order)
 
 
-def to_hf_gdn_channels(array, cfg: TargetConfig, axis: int = -1):
-    """The inverse reordering: a model-layout fused GDN array (channels on `axis`) back in HF order."""
-    return np.take(np.asarray(array), np.argsort(gdn_channel_order(*gdn_channels(cfg))), axis=axis)
-
-
 def transform(array, kind):
     base, groups = (kind[0], kind[1:]) if isinstance(kind, tuple) else (kind, ())
     if groups:  # rows of [out, in] / channels of [C, 1, K] into key-head-group order

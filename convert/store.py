@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -33,13 +34,12 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors.numpy import save_file
 
-from convert.hf import (CONVERTED_META, MTP_FILE, TARGET_FORMAT, CheckpointError, ShardingSpec, abstract_params,
-                        assemble, has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
+from convert.hf import (CONVERTED_META, MTP_FILE, PARAMS, TARGET_FORMAT, CheckpointError, ShardingSpec,
+                        abstract_params, assemble, has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
 from jaxspec.files import blocking_file, replace_dir
 from jaxspec.model import Qwen35, fuse_params, split_params
 
-PARAMS = "params"
 META = CONVERTED_META                          # "jaxspec.json"
 DTYPES = ("float32", "bfloat16", "float16")   # what jaxspec.json's "dtype" may say
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
@@ -97,7 +97,6 @@ def _target_upgrade(cfg, version: int, values: dict, sharding) -> dict:
 TARGET = Kind("target", TARGET_FORMAT, 3, lambda path, dtype: load_target_config(path, dtype=dtype),
               abstract_params, TOKENIZER_FILES, "save_converted", old_versions=(1, 2), old_layout=_target_old_layout,
               upgrade=_target_upgrade)
-FORMAT, VERSION = TARGET.format, TARGET.version
 
 
 def _key(part) -> str:
@@ -339,7 +338,12 @@ RESTORE_HOST_GB = 8
 
 
 def _write_params(model: nnx.Module, path: Path):
-    write_tree({p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))}, path)
+    values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))}
+    need, free = sum(x.nbytes for x in values.values()), shutil.disk_usage(path.parent).free
+    if need > free:     # before minutes of writing, not at the end of them (Orbax's own error is a long traceback)
+        raise OSError(errno.ENOSPC, f"no space left: the params take {need / 1e9:.2f} GB, {free / 1e9:.2f} GB are free "
+                      "in", str(path.parent))
+    write_tree(values, path)
 
 
 def write_tree(values: dict, path: Path):

@@ -48,6 +48,9 @@ def convert_to(args, work, kind, protected: dict) -> int:
     except (CheckpointError, ConfigError, FileExistsError, OutDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:      # a source file that could not be read (OUT_DIR's own failures are OutDirError)
+        print(f"error: {e.filename}: {e.strerror or e}" if e.filename else f"error: {e}", file=sys.stderr)
+        return 2
     print(f"convert: wrote {out} ({args.dtype}, {time.perf_counter() - t0:.1f}s)", file=sys.stderr)
     return 0
 

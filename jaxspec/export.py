@@ -129,7 +129,9 @@ def target_hf_config(cfg: TargetConfig) -> dict:
         "linear_key_head_dim": cfg.linear_key_head_dim, "linear_value_head_dim": cfg.linear_value_head_dim,
         "linear_conv_kernel_dim": cfg.conv_kernel, "hidden_act": "silu", "attention_bias": False,
         "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": cfg.tie_word_embeddings,
-        "full_attention_interval": 4, "max_position_embeddings": cfg.max_position_embeddings or 4096,
+        "full_attention_interval": 4,
+        # Written only where the model has a limit: 0 (none known, e.g. jaxspec.train's targets) reads back as 0.
+        **({"max_position_embeddings": cfg.max_position_embeddings} if cfg.max_position_embeddings else {}),
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
                             "partial_rotary_factor": cfg.rotary_dim / cfg.head_dim},
         "eos_token_id": list(cfg.eos_token_ids)[0] if cfg.eos_token_ids else None,

@@ -1024,6 +1024,23 @@ def test_a_converted_dir_as_input_says_it_is_converted(ckpts, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_converted_dir_without_its_params_says_it_is_incomplete(ckpts, tmp_path, capsys):
+    """A converted dir whose params/ did not arrive (jaxspec.json sorts before it in a copy): load_model and the CLI
+    say it is incomplete, not that it is converted already (the advice to load it would fail the same way)."""
+    from convert.store import load_model
+    path = ckpts["cond"][0]
+    out = save_converted(load_target(path, dtype="float32"), tmp_path / "out", path)
+    shutil.rmtree(out / "params")
+    for load in (load_model, load_target):
+        with pytest.raises(CheckpointError, match="incomplete converted checkpoint") as e:
+            load(out)
+        assert str(e.value).startswith(f"{out}: ") and "no params/" in str(e.value), e.value
+    capsys.readouterr()
+    assert cli_main(["target", str(out), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: an incomplete converted checkpoint") and "Traceback" not in err, err
+
+
 def _unwritable(tmp_path) -> Path:
     """An OUT_DIR that no one can create, root included: /proc takes no new entries."""
     if not Path("/proc/self").is_dir():
@@ -1079,3 +1096,42 @@ def test_a_source_file_that_cannot_be_read_is_not_blamed_on_out_dir(ckpts, tmp_p
         save_converted(model, tmp_path / "out", src)
     assert not isinstance(e.value, store.OutDirError) and e.value.filename == str(src / "config.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_names_a_source_file_that_cannot_be_read(ckpts, tmp_path, monkeypatch, capsys):
+    import errno
+    src = ckpts["causal"][0]
+    copy = shutil.copyfile
+
+    def unreadable(a, b, *rest, **kw):
+        if Path(a).name == "config.json" and Path(a).parent == src:
+            raise PermissionError(errno.EACCES, "Permission denied", str(a))
+        return copy(a, b, *rest, **kw)
+
+    monkeypatch.setattr(shutil, "copyfile", unreadable)
+    capsys.readouterr()  # what writing the fixture printed
+    assert cli_main(["target", str(src), str(tmp_path / "out"), "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"error: {src / 'config.json'}: Permission denied" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_little_free_space_is_refused_before_writing(ckpts, tmp_path, monkeypatch):
+    """The params' bytes against the free space beside OUT_DIR, checked before the params' write starts: an
+    OutDirError naming OUT_DIR and both sizes, nothing left behind."""
+    from convert import store
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    need = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=need - 1))
+    monkeypatch.setattr(ocp.Checkpointer, "save", lambda *a, **kw: pytest.fail("started writing"))
+    out = tmp_path / "out"
+    with pytest.raises(store.OutDirError) as e:
+        save_converted(model, out, src)
+    msg = str(e.value)
+    assert msg.startswith(f"{out}: cannot be written: no space left: the params take ") and str(tmp_path) in msg, msg
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=need))
+    assert save_converted(model, out, src) == out        # exactly enough is not refused

@@ -267,7 +267,7 @@ def test_bfloat16_path(ref):
     got = draft(d16, cache, jnp.array([9]), jnp.asarray(embed, jnp.bfloat16), jnp.asarray(lm, jnp.bfloat16))
     assert got.dtype == jnp.float32
     err = float(jnp.max(jnp.abs(got - want)))
-    assert 0 < err < 0.1 * float(jnp.max(jnp.abs(want)))
+    assert 0 < err < 3e-2 * float(jnp.max(jnp.abs(want)))        # measured 1.6e-2 (bf16 through every layer)
 
 
 def test_cache_shapes():

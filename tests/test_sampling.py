@@ -73,7 +73,12 @@ def test_searched_cut_equals_the_sorted_cut(ways, impl, monkeypatch):
     search's cut is the sorted cumulative sum's, value for value, whether it bisects (a CPU's way) or tries 4 or 15
     thresholds a pass (a GPU's), with each pass's sums from the jnp reference or the kernel
     (pallas_kernels/nucleus_mass); and top-k then top-p keeps what the search keeps of the top-k cut."""
+    from pallas_kernels.nucleus_mass import pallas_triton
     monkeypatch.setenv("JAXSPEC_NUCLEUS_MASS", impl)
+    jax.clear_caches()          # the flag is read when tracing: no trace of the other implementation may be reused
+    traced = []
+    kernel = pallas_triton.mass_above
+    monkeypatch.setattr(pallas_triton, "mass_above", lambda *a, **kw: traced.append(1) or kernel(*a, **kw))
     rng = np.random.default_rng(3)
     x = np.round(rng.standard_normal((12, 700)) * 2).astype(np.float32)
     x[0, :350] = -np.inf
@@ -88,6 +93,7 @@ def test_searched_cut_equals_the_sorted_cut(ways, impl, monkeypatch):
         got = jax.jit(searched_nucleus_cut, static_argnums=(1, 2))(x, p, ways)
         np.testing.assert_array_equal(got, want, err_msg=f"top_p {p}")
     assert float(got[2, 0]) == 40.0 and float(got[3, 0]) == float(x[3, 699])
+    assert bool(traced) == (impl == "pallas_interpret"), "the jitted search ran another implementation's sums"
     # Top-k then top-p takes its cut from the k candidates alone; the k-th value's ties beyond them still count.
     for k in (3, 40):
         kth = jax.lax.top_k(x, k)[0][..., -1:]

@@ -794,6 +794,11 @@ def test_export_target_round_trips_exactly(tmp_path, dtype):
     back = load_target(tmp_path)
     assert back.cfg == model.cfg
     assert_same_bits(model, back)
+    # The context limit (outside cfg's ==) round-trips too: none (0) stays none, a limit stays that limit.
+    assert model.cfg.max_position_embeddings == back.cfg.max_position_embeddings == 0
+    limited = Qwen35(model.cfg.replace(max_position_embeddings=777), rngs=nnx.Rngs(0))
+    export_target(limited, tmp_path / "limited")
+    assert load_target(tmp_path / "limited").cfg.max_position_embeddings == 777
 
 
 def test_export_drafter_round_trips_exactly(tmp_path):
