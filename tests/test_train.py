@@ -801,6 +801,26 @@ def test_export_target_round_trips_exactly(tmp_path, dtype):
     assert load_target(tmp_path / "limited").cfg.max_position_embeddings == 777
 
 
+def test_export_target_gives_transformers_the_same_model(tmp_path):
+    """An exported target read by transformers' own loader (not jaxspec's): its logits are jaxspec's, with every
+    norm, A_log and dt_bias moved off its initial value so that a layout or convention slip would show."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from jaxspec.export import export_target
+    model = tiny_target(4)
+    rng = np.random.default_rng(4)
+    for path, v in nnx.to_flat_state(nnx.state(model)):
+        if any(w in "/".join(map(str, path)) for w in ("norm", "A_log", "dt_bias")):
+            v.set_value(v.get_value() + jnp.asarray(0.3 * rng.standard_normal(v.get_value().shape), jnp.float32))
+    export_target(model, tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    tokens = rng.integers(0, model.cfg.vocab_size, (2, 11))
+    with torch.no_grad():
+        want = hf(torch.tensor(tokens)).logits.numpy()
+    got = np.asarray(model(jnp.asarray(tokens, jnp.int32), model.init_state(2, 16), chain(2, 11))[0])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_export_drafter_round_trips_exactly(tmp_path):
     from convert.drafter import load_drafter
     from jaxspec.export import export_drafter
