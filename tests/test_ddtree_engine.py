@@ -160,6 +160,22 @@ def test_chain_shaped_tree_is_the_dflash_verify_bit_for_bit(tiny_hf):
     np.testing.assert_array_equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("budget", [None, 6], ids=["chain", "tree"])
+def test_real_drafter_sampled_matches_ar_distribution(small_vocab, budget):
+    """The real drafter's own draft distribution (its logits through the sampling warp, not an oracle's logq):
+    sampled DFlash chains and DDTree trees give AR's output distribution, with drafts accepted. A hot temperature
+    and a tight top-k make the warp change the drafter's distribution a lot: a chain whose logq came from the unwarped
+    logits fails here (checked by mutation; at T 1.2, top-k 5 it passed)."""
+    target, drafter = small_vocab
+    rows = 3000
+    s = Sampling(temperature=2.0, top_k=3)
+    prompts = [[1, 2, 3, 4]] * rows
+    ar = Engine(target, sampling=s).generate(prompts, 3, seed=0).tokens
+    sp = Engine(target, DFlash(drafter, target.cfg, budget=budget), sampling=s).generate(prompts, 3, seed=1)
+    assert not _chi2_exceeds(ar, sp.tokens, 6)
+    assert sp.tau > 1.1, sp.tau
+
+
 def test_sampled_trees_match_ar_distribution(small_vocab):
     """Independent per-node target samples walked through oracle trees: the output distribution is AR's."""
     target, _ = small_vocab
