@@ -267,7 +267,7 @@ class Decoding:
     state: State
     draft: Any
     pending: jax.Array     # [B] the bonus token the target has not processed yet
-    out: jax.Array         # [B, max_new + tree_size] generated tokens
+    out: jax.Array         # [B, max_len] generated tokens (max_len >= max_new + tree_size)
     n_out: jax.Array       # [B]
     done: jax.Array        # [B] bool
     key: jax.Array
@@ -307,7 +307,7 @@ PREFILL_CHUNK = 256
 class Engine:
     """Holds the compiled prefill and round functions for one model, speculator and sampling.
 
-    stop_tokens: the token ids that end a sequence (emitted, then nothing after). None by default: the model's
+    stop_tokens: the token ids that end a sequence (emitted, then nothing after). None by default (`()`): the model's
     EOS ids (`model.cfg.eos_token_ids`, from config.json / generation_config.json) are not used unless passed
     here, e.g. `stop_tokens=model.cfg.eos_token_ids` (as the `jaxspec.generate` CLI does)."""
 
@@ -347,7 +347,7 @@ class Engine:
         self.prefill_chunk = int_arg(prefill_chunk, "prefill_chunk")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1,)))
+        self._prefill = self._in_mesh(jax.jit(self._prefill_piece, donate_argnums=(1, 2)))
         # max_new and max_rounds are traced: another --max-new-tokens or rounds per call reuses the loop's compile
         self._run = self._in_mesh(jax.jit(self._run_rounds, donate_argnums=(1,),
                                           compiler_options=loop_compiler_options(self.spec) or None))
@@ -448,7 +448,9 @@ class Engine:
             raise NoRoom(problem)
         return tuple(make() for make in makers)
 
-    def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0) -> Decoding:
+    def prefill(self, prompts: list[list[int]], max_len: int, seed: int = 0):
+        """The prompts through the target (and the speculator's context) in pieces of at most `prefill_chunk`
+        tokens: (first token [B], target state, speculator state, key) for the round loop."""
         prompts = check_prompts(prompts, self.cfg.vocab_size)
         max_len = int_arg(max_len, "max_len")
         b = len(prompts)

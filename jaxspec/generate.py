@@ -179,12 +179,19 @@ def compile_cache_dir(flag: str | None, env) -> str | None:
 
 
 def main(argv=None) -> int:
-    """The command line; Ctrl-C ends it with "interrupted" and status 130, not a traceback."""
+    """The command line; Ctrl-C ends it with "interrupted" and status 130, a reader that closed the output (`| head`)
+    with status 141 (as a shell reports SIGPIPE), neither with a traceback."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        try:                    # so that the interpreter's last flush of stdout does not fail the same way
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):       # a stdout that is no file (a test's capture): nothing to flush
+            pass
+        return 141
 
 
 def _main(argv) -> int:
@@ -252,7 +259,11 @@ def _main(argv) -> int:
             kw = distributed_args(os.environ)
         except ValueError as e:
             parser().error(f"--distributed: {e}")
-        jax.distributed.initialize(**kw)              # before anything starts a backend
+        try:
+            jax.distributed.initialize(**kw)          # before anything starts a backend
+        except (ValueError, RuntimeError) as e:     # no coordinator found, or it did not answer
+            parser().error(f"--distributed: {e} (set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, "
+                           "or run under SLURM, Open MPI or Kubernetes)")
     if args.method == "ddtree" and args.budget is None:
         args.budget = default_budget(jax.default_backend())
     if args.method == "mtp" and args.mtp_tokens is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -408,13 +409,28 @@ def device_room(devices) -> tuple[int, int] | None:
     return min(rooms) if rooms else None
 
 
+def host_room(meminfo: str = "/proc/meminfo") -> tuple[int, int] | None:
+    """(bytes of host memory available without swapping, the host's total), from Linux's `meminfo`; None
+    elsewhere."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(meminfo).read_text().splitlines() if ":" in line)
+        kib = lambda name: int(fields[name].split()[0]) * 1024
+        return kib("MemAvailable"), kib("MemTotal")
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
 def room_problem(abstract, mesh: Mesh | None, what: str) -> str | None:
     """Why `abstract` (a pytree of ShapeDtypeStructs, e.g. jax.eval_shape of a state's constructor) cannot be
     allocated now: the largest per-device share of it, laid out by `state_shardings` under `mesh`, against the
-    free bytes of the fullest device; None when it fits or the devices report no statistics. It fails fast
-    where the allocation would instead stall or fail deep inside a compiled call."""
+    free bytes of the fullest device; on CPU devices (no pool statistics) all the shares against the host's
+    available memory. None when it fits or nothing is known. It fails fast where the allocation would instead
+    stall or fail deep inside a compiled call, or get the process killed by the kernel's out-of-memory killer."""
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
     room = device_room(devices)
+    on_host = room is None and all(d.platform == "cpu" for d in devices)
+    if on_host:
+        room = host_room()
     if room is None:
         return None
     shardings = state_shardings(mesh, abstract) if mesh is not None else None
@@ -423,6 +439,12 @@ def room_problem(abstract, mesh: Mesh | None, what: str) -> str | None:
     need = sum(int(np.prod(s.shard_shape(x.shape) if s is not None else x.shape)) * x.dtype.itemsize
                for x, s in zip(leaves, shards))
     free, limit = room
+    if on_host:
+        need *= len(devices)             # CPU devices share the host's memory
+        if need <= free:
+            return None
+        return (f"{what} needs {need / 2**30:.2f} GiB, but {free / 2**30:.2f} GiB of the host's "
+                f"{limit / 2**30:.2f} GiB of memory are available")
     if need <= free:
         return None
     set_to = next((f"{v}={os.environ[v]}" for v in FRACTION_VARS if os.environ.get(v)), "JAX's default of 0.75")

@@ -341,6 +341,26 @@ def test_distributed_passes_the_process_count_and_id(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--method", "ar", "--distributed"])
     assert e.value.code == 2 and "--distributed: JAX_PROCESS_ID=-1 must be >= 0" in capsys.readouterr().err
+    # No coordinator to be found (jax raises ValueError): one line naming the flag and what to set, no traceback.
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    monkeypatch.setattr(jax.distributed, "initialize",
+                        lambda **kw: (_ for _ in ()).throw(ValueError("coordinator_address should be defined.")))
+    with pytest.raises(SystemExit) as e:
+        main(["--method", "ar", "--distributed"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--distributed: coordinator_address should be defined." in err, err
+    assert "JAX_COORDINATOR_ADDRESS" in err and "Traceback" not in err
+
+
+def test_a_closed_output_pipe_ends_quietly(monkeypatch, capsys):
+    """A reader that closes the output early (`| head`): status 141, as a shell reports SIGPIPE, no traceback."""
+    from jaxspec import generate
+
+    def write_after_reader_left(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(generate, "_main", write_after_reader_left)
+    assert generate.main([]) == 141
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_context_errors_name_the_flags_and_print_nothing(monkeypatch, capsys, tmp_path):

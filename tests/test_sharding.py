@@ -677,7 +677,7 @@ def test_device_room_is_the_fullest_devices_free_bytes():
 
 def test_room_problem_weighs_each_devices_share_of_a_state(target, monkeypatch):
     """A state is refused exactly when the fullest device's share of it (what its shards hold once allocated)
-    exceeds the free bytes; without statistics (the CPU) nothing is refused."""
+    exceeds the free bytes; this small state fits the CPU host's memory."""
     mesh = S.make_mesh(2, 2)
     cfg = S.shard_target(target, mesh).cfg
     make = lambda: init_state(cfg, 2, 40)
@@ -696,6 +696,35 @@ def test_room_problem_weighs_each_devices_share_of_a_state(target, monkeypatch):
     problem = S.room_problem(abstract, mesh, "the state")
     assert problem.startswith(f"the state needs {share / 2**30:.2f} GiB per device") and \
         "the pool is XLA_CLIENT_MEM_FRACTION=0.6 of its memory" in problem, problem
+
+
+def test_host_room_reads_meminfo(tmp_path):
+    (tmp_path / "meminfo").write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   "
+                                      "12000000 kB\nCached: 5 kB\n")
+    assert S.host_room(str(tmp_path / "meminfo")) == (12000000 * 1024, 24000000 * 1024)
+    (tmp_path / "old").write_text("MemTotal: 24000000 kB\nMemFree: 100 kB\n")     # no MemAvailable: unknown
+    assert S.host_room(str(tmp_path / "old")) is None
+    assert S.host_room(str(tmp_path / "missing")) is None
+
+
+def test_room_problem_on_cpu_devices_weighs_the_whole_state_against_the_host(target, monkeypatch):
+    """CPU devices report no pool: every device's share together (they share the host's memory) against the host's
+    available memory, so that a cache too large for the host is refused in one line instead of the process being
+    killed by the kernel."""
+    mesh = S.make_mesh(2, 2)
+    cfg = S.shard_target(target, mesh).cfg
+    abstract = jax.eval_shape(lambda: init_state(cfg, 2, 40))
+    state = S.state_maker(mesh, lambda: init_state(cfg, 2, 40))()
+    held = sum(s.data.nbytes for x in jax.tree_util.tree_leaves(state) for s in x.addressable_shards)
+    assert S.device_room(list(mesh.devices.flat)) is None
+    monkeypatch.setattr(S, "host_room", lambda: (held, 2**31))
+    assert S.room_problem(abstract, mesh, "the state") is None        # exactly enough
+    monkeypatch.setattr(S, "host_room", lambda: (held - 1, 2**31))
+    problem = S.room_problem(abstract, mesh, "the state")
+    assert problem == (f"the state needs {held / 2**30:.2f} GiB, but {(held - 1) / 2**30:.2f} GiB of the host's "
+                       "2.00 GiB of memory are available"), problem
+    monkeypatch.setattr(S, "host_room", lambda: None)               # not Linux: unknown, nothing refused
+    assert S.room_problem(abstract, mesh, "the state") is None
 
 
 def test_claim_device_memory_sets_a_fraction_only_where_none_is_set(monkeypatch):
