@@ -369,27 +369,30 @@ def _main(argv) -> int:
     print(f"[loaded in {time.perf_counter() - t0:.1f}s; method {label}; prompt {len(ids)} tokens]", file=sys.stderr)
 
     emitted: list[int] = []
-    printed = None      # the text written; the prompt goes out with the first tokens, so an error before leaves none
+    # Tokens before `line` are printed for good (up to a line's end); `printed` is the text of the tokens after it
+    # written so far (None until the first tokens: the prompt goes out with them, so an error before leaves none).
+    # Each segment decodes from `line` on, not the whole output: a long generation's prints stay short.
+    line, printed = 0, None
 
     def show(chunks):
-        nonlocal printed
+        nonlocal line, printed
         if printed is None:
             sys.stdout.write(args.prompt if not args.chat else "")
             printed = ""
         emitted.extend(chunks[0])
-        text = tok.decode(emitted)
+        text = tok.decode(emitted[line:])
         # Print only whole characters: a multi-byte character may span tokens.
         if not text.endswith("\ufffd"):
             sys.stdout.write(text[len(printed):])
             sys.stdout.flush()
-            printed = text
+            line, printed = (len(emitted), "") if text.endswith("\n") else (line, text)
 
     try:
         res = engine.generate([ids] * args.dp, args.max_new_tokens, max_len=args.max_len, seed=args.seed,
                               rounds_per_call=args.rounds_per_call or ROUNDS_PER_CALL, on_tokens=show)
     except (ValueError, jax.errors.JaxRuntimeError) as e:
         return _decode_error(e, args.method, midline=printed is not None)
-    sys.stdout.write(tok.decode(emitted)[len(printed):] + "\n")
+    sys.stdout.write(tok.decode(emitted[line:])[len(printed):] + "\n")
     n, rate, rounds = _counts(res)
     each = f" per sequence (batch of {args.dp})" if args.dp > 1 else ""
     if not rounds:      # --max-new-tokens 1, or a stop token first

@@ -530,3 +530,14 @@ def test_a_cache_the_device_cannot_hold_ends_with_one_line(monkeypatch, capsys, 
         "GiB per device, but 0.00 GiB of the device's 0.00 GiB pool is free" in line, line
     assert line.endswith("the cache grows with --max-len (by default what the prompt and --max-new-tokens need) "
                          "and the batch (--dp): lower them, or shard over more devices (--tp)"), line
+
+
+def test_streamed_text_is_the_whole_decode(capsys):
+    """Streaming decodes each segment from the last printed line's end, not the whole output again: printed a token
+    at a time, the demo pair's multi-line completion is exactly the text printed from one segment of all of it."""
+    args = ["--method", "ar", "--max-new-tokens", "80", "--ignore-eos"]
+    assert main(args + ["--rounds-per-call", "1"]) == 0
+    streamed = capsys.readouterr().out
+    assert main(args + ["--rounds-per-call", "1000"]) == 0
+    whole = capsys.readouterr().out
+    assert streamed == whole and whole.count("\n") >= 4, whole
