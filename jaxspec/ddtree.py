@@ -53,14 +53,12 @@ INVALID_TOKEN = -1
 class DDTree(NamedTuple):
     """tokens [b, N] int32 (root_token at node 0, INVALID_TOKEN at invalid nodes); tree: parent,
     depth, anc in score order; valid [b, N] bool (root True); score [b, N] float32 (0 at the root,
-    -inf at invalid nodes, the prefix's summed log-prob otherwise); anc_bits [b, N, ceil(N/32)]
-    uint32, bit j % 32 of word j // 32 of row i set iff node j is an ancestor-or-self of node i."""
+    -inf at invalid nodes, the prefix's summed log-prob otherwise)."""
 
     tokens: jax.Array
     tree: trees.Tree
     valid: jax.Array
     score: jax.Array
-    anc_bits: jax.Array
 
 
 def _segment_sum(x, seg, num):
@@ -71,16 +69,6 @@ def _segment_sum(x, seg, num):
 
 def _gather(x, idx):
     return jnp.take_along_axis(x, idx, 1)
-
-
-def pack_bits(mask):
-    """[..., N] bool -> [..., ceil(N/32)] uint32, bit j % 32 of word j // 32 = mask[..., j]."""
-    n = mask.shape[-1]
-    words = -(-n // 32)
-    m = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, words * 32 - n)])
-    m = m.reshape(*mask.shape[:-1], words, 32).astype(jnp.uint32)
-    # Distinct bits, so the sum is the bitwise or.
-    return (m << jnp.arange(32, dtype=jnp.uint32)).sum(-1, dtype=jnp.uint32)
 
 
 def _ancestors(parent, max_depth):
@@ -106,7 +94,7 @@ def _root_only(root_token, budget):
     score = jnp.broadcast_to(jnp.where(first, 0.0, -jnp.inf).astype(jnp.float32), (b, n))
     anc = _ancestors(parent, 1)
     tree = trees.Tree(parent, (parent >= 0).astype(jnp.int32), anc)
-    return DDTree(tokens, tree, valid, score, pack_bits(anc))
+    return DDTree(tokens, tree, valid, score)
 
 
 _VOCAB_CHUNK = 2048
@@ -385,4 +373,4 @@ def build_tree(logp, root_token, budget: int) -> DDTree:
     valid = with_root(valid, True)
     score = with_root(score, 0.0)
     anc = _ancestors(parent, n_depth)
-    return DDTree(tokens, trees.Tree(parent, depth, anc, max_depth=n_depth), valid, score, pack_bits(anc))
+    return DDTree(tokens, trees.Tree(parent, depth, anc, max_depth=n_depth), valid, score)

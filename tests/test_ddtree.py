@@ -122,11 +122,6 @@ def check_structure(out, logp, root, budget):
     ref = from_parents(parent)
     np.testing.assert_array_equal(np.asarray(ref.anc), anc)
     np.testing.assert_array_equal(np.asarray(ref.depth), depth)
-    bits = np.asarray(out.anc_bits)
-    assert bits.dtype == np.uint32 and bits.shape == (b, n, -(-n // 32))
-    unpacked = (bits[..., :, None] >> np.arange(32, dtype=np.uint32)) & 1
-    np.testing.assert_array_equal(unpacked.reshape(b, n, -1)[..., :n].astype(bool), anc)
-    assert not unpacked.reshape(b, n, -1)[..., n:].any()
     for r in range(b):
         i = np.arange(1, n)
         assert (parent[r, 1:] < i).all() and (parent[r, 1:] >= 0).all()        # parents first
