@@ -91,12 +91,16 @@ def load_drafter(model_dir: str | Path, *, dtype: str | None = None) -> Drafter:
                         "embed" in key or "lm_head" in key) else ""
                     raise CheckpointError(f"{f}: unexpected tensor {key!r} for this config{hint}")
                 path, shape, transpose = layout[key]
+                # From the header, before the read: numpy has no type for some stored dtypes (F8_E4M3, ...).
+                header = sf.get_slice(key)
+                stored_shape, stored = tuple(header.get_shape()), header.get_dtype()
+                if stored_shape != shape:
+                    raise CheckpointError(f"{f}: tensor {key!r} has shape {stored_shape}, config expects {shape}")
+                if stored not in FLOAT_DTYPES:
+                    raise CheckpointError(f"{f}: tensor {key!r} is stored as {stored}; only floating-point "
+                                          f"({', '.join(FLOAT_DTYPES)}) drafters are supported (a quantized "
+                                          "drafter must be dequantized first)")
                 arr = sf.get_tensor(key)
-                if tuple(arr.shape) != shape:
-                    raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(arr.shape)}, config expects {shape}")
-                if not jnp.issubdtype(arr.dtype, jnp.floating):
-                    raise CheckpointError(f"{f}: tensor {key!r} is stored as {arr.dtype}; only floating-point "
-                                          f"({', '.join(FLOAT_DTYPES)}) drafters are supported")
                 values[path] = (arr.T if transpose else arr).astype(cfg.jnp_dtype)
     missing = sorted(k for k, (path, _, _) in layout.items() if path not in values)
     if missing:

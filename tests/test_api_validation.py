@@ -154,7 +154,7 @@ def test_stop_tokens_default_to_none(target):
     assert Engine(target).stop.tolist() == [-1] and Engine(target, stop_tokens=(5,)).stop.tolist() == [5]
 
 
-def test_integer_drafter_tensors_are_refused(tmp_path):
+def test_integer_and_fp8_drafter_tensors_are_refused(tmp_path):
     cfg = drafter_config()
     (tmp_path / "config.json").write_text(json.dumps(drafter_hf_config(cfg, num_target_layers=4)))
     rs = np.random.RandomState(0)
@@ -163,8 +163,15 @@ def test_integer_drafter_tensors_are_refused(tmp_path):
     assert load_drafter(tmp_path).cfg == cfg
     tensors["norm.weight"] = tensors["norm.weight"].astype(np.int32)
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'norm\.weight' is stored as int32; "
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'norm\.weight' is stored as I32; "
                                               r"only floating-point"):
+        load_drafter(tmp_path)
+    # A quantized (FP8) drafter: refused from the header, before numpy is asked for a type it does not have.
+    import ml_dtypes
+    tensors["norm.weight"] = tensors["norm.weight"].astype(ml_dtypes.float8_e4m3fn)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'norm\.weight' is stored as F8_E4M3; "
+                                              r"only floating-point .* must be dequantized first"):
         load_drafter(tmp_path)
 
 
