@@ -178,7 +178,7 @@ def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, p
         print(f"convert: removing {stale}, left behind by an interrupted conversion to {out_dir}", file=sys.stderr,
               flush=True)
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = out_dir.parent / f".{out_dir.name}{_TMP}{uuid.uuid4().hex[:12]}"
+    tmp = out_dir.parent / f".{out_dir.name}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     with _sigterm_raises() as hold:
         try:
             tmp.mkdir()
@@ -284,15 +284,31 @@ def _check_replaceable(kind: Kind, out_dir: Path, overwrite: bool) -> None:
 
 
 _TMP = ".tmp-"
-_TMP_ID = re.compile(r"[0-9a-f]{12}")
+_TMP_ID = re.compile(r"(?:(\d+)-)?[0-9a-f]{12}")      # the saving process's id (none before session 64), a uuid's
 
 
 def _stale_temp_dirs(out_dir: Path) -> list[Path]:
-    """`.NAME.tmp-XXXXXXXXXXXX` dirs beside `out_dir` (NAME its name): what a save killed without a chance to
-    clean up (SIGKILL, a power cut) left behind."""
+    """`.NAME.tmp-PID-XXXXXXXXXXXX` dirs beside `out_dir` (NAME its name) whose process is gone: what a save
+    killed without a chance to clean up (SIGKILL, a power cut) left behind. A running save's (another conversion
+    to the same dir) is left alone."""
     prefix = f".{out_dir.name}{_TMP}"
-    return sorted(p for p in out_dir.parent.iterdir() if p.name.startswith(prefix)
-                  and _TMP_ID.fullmatch(p.name[len(prefix):]) and p.is_dir() and not p.is_symlink())
+    stale = []
+    for p in out_dir.parent.iterdir():
+        m = _TMP_ID.fullmatch(p.name[len(prefix):]) if p.name.startswith(prefix) else None
+        if m and p.is_dir() and not p.is_symlink() and not (m.group(1) and _running(int(m.group(1)))):
+            stale.append(p)
+    return sorted(stale)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):     # none, or no process can have that id
+        return False
+    except PermissionError:                         # another user's
+        return True
+    return pid > 0
 
 
 @contextlib.contextmanager

@@ -697,9 +697,14 @@ def test_save_refuses_a_folder_above_its_source(bad, tmp_path):
 
 def test_save_removes_temp_dirs_a_killed_save_left(ckpts, tmp_path, capsys):
     path = ckpts["causal"][0]
-    stale = tmp_path / ".out.tmp-0123456789ab"
-    (stale / "params").mkdir(parents=True)
-    keep = [tmp_path / ".other.tmp-0123456789ab", tmp_path / ".out.tmp-mine"]  # another dir's; not our name
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()       # a process id that has exited
+    stales = [tmp_path / ".out.tmp-0123456789ab", tmp_path / f".out.tmp-{gone}-0123456789ab"]   # older saves' name
+    for stale in stales:
+        (stale / "params").mkdir(parents=True)
+    # another dir's; not our name; a save still running (this test's parent process stands in for it)
+    keep = [tmp_path / ".other.tmp-0123456789ab", tmp_path / ".out.tmp-mine",
+            tmp_path / f".out.tmp-{os.getppid()}-0123456789ab"]
     for k in keep:
         k.mkdir()
     handler = signal.getsignal(signal.SIGTERM)
@@ -707,7 +712,7 @@ def test_save_removes_temp_dirs_a_killed_save_left(ckpts, tmp_path, capsys):
     assert signal.getsignal(signal.SIGTERM) == handler  # the save's SIGTERM handler is gone again
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(k.name for k in keep)])
     err = capsys.readouterr().err
-    assert f"removing {stale}, left behind by an interrupted conversion" in err
+    assert all(f"removing {stale}, left behind by an interrupted conversion" in err for stale in stales), err
 
 
 # A save killed by SIGTERM; `save` is given a model and kind that need no checkpoint, and the params writer
