@@ -185,7 +185,7 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
 
     def need(key):
         if key not in hf:
-            raise ConfigError(f"{source}: missing field {key!r}")
+            raise ConfigError(f"{source}: missing field {('text_config.' if hf is not top else '') + key!r}")
         return hf[key]
 
     def req(key):

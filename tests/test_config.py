@@ -221,7 +221,7 @@ def test_full_attention_interval_must_be_positive(tmp_path):
 def test_missing_field(tmp_path, layout, field):
     hf = layout()
     del text(hf)[field]
-    refuse(tmp_path, hf, f"missing field {field!r}")
+    refuse(tmp_path, hf, f"missing field {('text_config.' if layout is nested else '') + field!r}")
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_5_moe", "qwen3_next", None])
