@@ -75,7 +75,6 @@ def test_searched_cut_equals_the_sorted_cut(ways, impl, monkeypatch):
     (pallas_kernels/nucleus_mass); and top-k then top-p keeps what the search keeps of the top-k cut."""
     from pallas_kernels.nucleus_mass import pallas_triton
     monkeypatch.setenv("JAXSPEC_NUCLEUS_MASS", impl)
-    jax.clear_caches()          # the flag is read when tracing: no trace of the other implementation may be reused
     traced = []
     kernel = pallas_triton.mass_above
     monkeypatch.setattr(pallas_triton, "mass_above", lambda *a, **kw: traced.append(1) or kernel(*a, **kw))
@@ -90,7 +89,9 @@ def test_searched_cut_equals_the_sorted_cut(ways, impl, monkeypatch):
     srt = jnp.sort(x, -1)[..., ::-1]
     for p in (0.05, 0.3, 0.5, 0.8, 0.95, 0.999):
         want = nucleus_cut(srt, jnp.exp(srt - srt[..., :1]).sum(-1, keepdims=True), p)
-        got = jax.jit(searched_nucleus_cut, static_argnums=(1, 2))(x, p, ways)
+        # A function of its own per call: the flag is read when tracing, so no trace of another case may be reused
+        # (jax.jit of searched_nucleus_cut itself would share one cache across the test's cases).
+        got = jax.jit(lambda x, p=p: searched_nucleus_cut(x, p, ways))(x)
         np.testing.assert_array_equal(got, want, err_msg=f"top_p {p}")
     assert float(got[2, 0]) == 40.0 and float(got[3, 0]) == float(x[3, 699])
     assert bool(traced) == (impl == "pallas_interpret"), "the jitted search ran another implementation's sums"
