@@ -7,8 +7,6 @@ The loader itself lives in convert/drafter.py; this module only holds the subcom
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 
 from convert.target import add_io_arguments, convert_to
@@ -47,10 +45,7 @@ def run(args) -> int:
                 check_pair(load_drafter_config(args.hf_dir, dtype=args.dtype), target_cfg)
             except ConfigError as e:
                 raise ConfigError(f"drafter {args.hf_dir} does not fit target {args.target}: {e}") from None
-        t0 = time.perf_counter()
-        print(f"convert: reading the drafter in {args.hf_dir}", file=sys.stderr, flush=True)
         drafter = load_drafter(args.hf_dir, dtype=args.dtype)
-        print(f"convert: read it in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
         return save_drafter(drafter, args.out_dir, args.hf_dir, overwrite=args.overwrite, progress=True)
     protected = {"source checkpoint": args.hf_dir}
     if args.target is not None:

@@ -385,9 +385,7 @@ def test_cli_converts(drafters, tmp_path, capsys):
     out = tmp_path / "out"
     target = target_dir(tmp_path / "target")
     assert cli_main(["drafter", str(path), str(out), "--dtype", "float32", "--target", str(target)]) == 0
-    lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == f"convert: reading the drafter in {path}" and lines[1].startswith("convert: read it in "), lines
-    assert "wrote" in lines[-1]
+    assert "wrote" in capsys.readouterr().err
     assert_bit_identical(load_draft(out), load_drafter(path))
 
     before = (out / "jaxspec.json").read_bytes()
