@@ -1081,22 +1081,25 @@ def test_cli_reports_a_full_disk_and_leaves_nothing_behind(ckpts, tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_source_file_that_cannot_be_read_is_not_blamed_on_out_dir(ckpts, tmp_path, monkeypatch):
-    """The save also copies files from the source (config, tokenizer): an error reading one names that file and is
-    not reported as OUT_DIR being unwritable; nothing is left behind."""
+def unreadable_config(src):
+    """shutil.copyfile, except that copying `src`'s config.json fails as a file we may not read would."""
     import errno
-
-    from convert import store
-    src = ckpts["causal"][0]
     copy = shutil.copyfile
 
-    def unreadable(a, b, *rest, **kw):
+    def copyfile(a, b, *rest, **kw):
         if Path(a).name == "config.json" and Path(a).parent == src:
             raise PermissionError(errno.EACCES, "Permission denied", str(a))
         return copy(a, b, *rest, **kw)
+    return copyfile
 
+
+def test_a_source_file_that_cannot_be_read_is_not_blamed_on_out_dir(ckpts, tmp_path, monkeypatch):
+    """The save also copies files from the source (config, tokenizer): an error reading one names that file and is
+    not reported as OUT_DIR being unwritable; nothing is left behind."""
+    from convert import store
+    src = ckpts["causal"][0]
     model = load_target(src, dtype="float32")
-    monkeypatch.setattr(shutil, "copyfile", unreadable)
+    monkeypatch.setattr(shutil, "copyfile", unreadable_config(src))
     with pytest.raises(PermissionError) as e:
         save_converted(model, tmp_path / "out", src)
     assert not isinstance(e.value, store.OutDirError) and e.value.filename == str(src / "config.json")
@@ -1104,16 +1107,8 @@ def test_a_source_file_that_cannot_be_read_is_not_blamed_on_out_dir(ckpts, tmp_p
 
 
 def test_cli_names_a_source_file_that_cannot_be_read(ckpts, tmp_path, monkeypatch, capsys):
-    import errno
     src = ckpts["causal"][0]
-    copy = shutil.copyfile
-
-    def unreadable(a, b, *rest, **kw):
-        if Path(a).name == "config.json" and Path(a).parent == src:
-            raise PermissionError(errno.EACCES, "Permission denied", str(a))
-        return copy(a, b, *rest, **kw)
-
-    monkeypatch.setattr(shutil, "copyfile", unreadable)
+    monkeypatch.setattr(shutil, "copyfile", unreadable_config(src))
     capsys.readouterr()  # what writing the fixture printed
     assert cli_main(["target", str(src), str(tmp_path / "out"), "--dtype", "float32"]) == 2
     err = capsys.readouterr().err
