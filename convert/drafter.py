@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
 from flax import nnx
 from safetensors import safe_open
 
