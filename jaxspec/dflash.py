@@ -54,6 +54,9 @@ class DFlash(Speculator):
         budget = None if budget is None else int_arg(budget, "--budget", ConfigError)
         if budget is not None and budget < 1:
             raise ConfigError(f"--budget {budget}: must be >= 1")
+        if budget is not None and target.max_position_embeddings and budget + 1 > target.max_position_embeddings:
+            raise ConfigError(f"--budget {budget}: a tree of {budget + 1} nodes is longer than the target's context "
+                              f"limit (max_position_embeddings {target.max_position_embeddings})")
         self.cfg, self.block_size, self.budget, self.taps = cfg, bs, budget, tuple(cfg.target_layer_ids)
         self.target_cfg = target     # the engine checks that it runs this drafter on this target
         self.name = "dflash" if budget is None else "ddtree"

@@ -331,8 +331,8 @@ def _main(argv) -> int:
             if args.block_size is None:
                 args.block_size = default_block(jax.default_backend(), drafter.cfg.block_size)
             speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)
-        except (ConfigError, CheckpointError) as e:
-            parser().error(f"--draft {args.draft}: {e}")
+        except (ConfigError, CheckpointError) as e:     # the budget's errors are the flag's, not the drafter's
+            parser().error(str(e) if str(e).startswith("--budget") else f"--draft {args.draft}: {e}")
     if args.method == "mtp":
         from jaxspec.mtp import MTP, MTPHead
         if args.model is None:  # the random model gets a random head, so that the path runs out of the box

@@ -103,5 +103,13 @@ def test_bad_pairs_and_block_sizes(pair):
     wide = Drafter(drafter_config(target_layer_ids=(0, 4)), rngs=nnx.Rngs(0))
     with pytest.raises(ConfigError, match=r"ids \[4\] are not layers of"):
         DFlash(wide, target.cfg)
+    # a tree longer than the target's context limit: refused, naming the flag; a tree that fits is taken
+    bound = target.cfg.max_position_embeddings
+    assert bound > 1
+    with pytest.raises(ConfigError, match=rf"--budget {bound}: a tree of {bound + 1} nodes is longer than the "
+                                          rf"target's context limit \(max_position_embeddings {bound}\)"):
+        DFlash(drafter, target.cfg, budget=bound)
+    assert DFlash(drafter, target.cfg, budget=bound - 1).tree_size == bound
+    assert DFlash(drafter, target.cfg.replace(max_position_embeddings=0), budget=bound).tree_size == bound + 1
     with pytest.raises(ConfigError, match=r"mask_token_id 512 is outside the vocabulary \[0, 512\)"):
         drafter_config(mask_token_id=512)   # the drafter's own vocabulary (DFlash equates it with the target's)

@@ -381,6 +381,22 @@ def test_context_errors_name_the_flags_and_print_nothing(monkeypatch, capsys, tm
         error_line(err), err
 
 
+def test_a_budget_beyond_the_context_limit_is_the_flags_error(dirs, capsys, tmp_path):
+    """--budget whose tree is longer than the target's context: one line naming the flag and the limit, not the
+    drafter (before, it was taken, and the CPU ran a tree of thousands of nodes for minutes)."""
+    target, draft = dirs
+    target = with_small_tokenizer(target, tmp_path / "model")
+    config = json.loads((target / "config.json").read_text())
+    bound = config["max_position_embeddings"] = 24      # room for the prompt and 4 new tokens, not for the tree
+    (target / "config.json").write_text(json.dumps(config))
+    assert run_main(["--model", str(target), "--method", "ddtree", "--draft", str(draft), "--prompt", "def f(x):",
+                     "--max-new-tokens", "4", "--budget", str(bound)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and error_line(err) == (
+        f"{ERROR}--budget {bound}: a tree of {bound + 1} nodes is longer than the target's context limit "
+        f"(max_position_embeddings {bound})"), err
+
+
 def test_out_of_memory_names_the_draft_flags(monkeypatch, capsys, tmp_path):
     """Out of memory with a drafting method: the advice names the flags that size its draft (--budget 100000 asks
     for terabytes), and an error before the first token leaves stdout empty."""
