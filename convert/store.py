@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -376,19 +377,21 @@ def is_converted(path: str | Path) -> bool:
 
 
 def restore_converted(out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
-                      mesh=None) -> Qwen35:
+                      mesh=None, progress: bool | None = None) -> Qwen35:
     """The target from a converted dir, restored straight into `dtype` (default: the dtype it was saved
     in) and `sharding` (a Sharding, or a function (param path, shape) -> Sharding), or tensor/data
-    parallel on `mesh` (jaxspec/sharding.py; instead of `sharding`)."""
-    return restore(TARGET, out_dir, dtype=dtype, sharding=sharding, mesh=mesh)
+    parallel on `mesh` (jaxspec/sharding.py; instead of `sharding`). progress: as `restore`'s."""
+    return restore(TARGET, out_dir, dtype=dtype, sharding=sharding, mesh=mesh, progress=progress)
 
 
 def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
-            mesh=None):
+            mesh=None, progress: bool | None = None):
     """The `kind` model from a dir written by `save`. Orbax reads every array straight into `dtype` and
     its sharding, so the params are never held in the saved dtype first. With a `mesh`, every device
     reads only its own shard; the few params whose tp layout differs from the saved one (kv heads
-    repeated, vocabulary padded) are restored split on their other axes and rearranged on the devices."""
+    repeated, vocabulary padded) are restored split on their other axes and rearranged on the devices.
+    progress: a line on stderr before the read and one after (default: for params over 1 GB on disk; Orbax reads
+    them in one call, minutes for a 27B target)."""
     out_dir = Path(out_dir).absolute()
     params = out_dir / PARAMS
     if not params.is_dir():
@@ -406,6 +409,13 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
         S.check_target(cfg, S.tp_degree(mesh)) if kind is TARGET else S.check_drafter(cfg, S.tp_degree(mesh))
         sharding = S.base_sharding(mesh, cfg)
 
+    size = sum(f.stat().st_size for f in params.rglob("*") if f.is_file())
+    report = size > 2**30 if progress is None else progress
+    if report:
+        unit, scale = ("GB", 1e9) if size >= 1e9 else ("MB", 1e6)
+        print(f"convert: restoring {params} ({size / scale:.2f} {unit} on disk) as {cfg.dtype}", file=sys.stderr,
+              flush=True)
+    t0 = time.perf_counter()
     with ocp.StandardCheckpointer(restore_concurrent_gb=RESTORE_HOST_GB) as ckptr:
         try:
             meta_tree = getattr(ckptr.metadata(params).item_metadata, "tree", None)
@@ -433,6 +443,9 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
             raise CheckpointError(f"{params}: cannot restore the Orbax checkpoint, it is damaged"
                                   f"{f': param {key!r}' if key else ''} ({why})") from None
     values = {p: restored[k] for k, (p, _) in want.items()}
+    if report:
+        print(f"convert: restored {len(values)} params in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
+              flush=True)
     if meta["version"] != kind.version:
         values = kind.upgrade(cfg, meta["version"], values, sharding)
     if mesh is not None:
@@ -492,8 +505,9 @@ def _read_meta(out_dir: Path, kind: Kind) -> dict:
 def load_model(path: str | Path, *, dtype: str | None = None, sharding: ShardingSpec = None,
                progress: bool | None = None, mesh=None) -> Qwen35:
     """The target from either a converted dir (has `params/`) or a HF checkpoint dir; with a `mesh`,
-    tensor/data parallel, each device reading only its shard."""
+    tensor/data parallel, each device reading only its shard. progress: lines on stderr (default: for weights
+    over 1 GB)."""
     path = Path(path)
     if is_converted(path):
-        return restore_converted(path, dtype=dtype, sharding=sharding, mesh=mesh)
+        return restore_converted(path, dtype=dtype, sharding=sharding, mesh=mesh, progress=progress)
     return load_target(path, dtype=dtype, sharding=sharding, progress=progress, mesh=mesh)

@@ -775,6 +775,21 @@ def test_progress_line_per_shard(ckpts, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_progress_lines_around_a_restore(ckpts, tmp_path, capsys):
+    """A converted target's restore: one line before Orbax's read (which takes minutes at 27B) and one after; none
+    by default under 1 GB."""
+    out = tmp_path / "out"
+    save_converted(load_target(ckpts["causal_sharded"][0], dtype="float32"), out, ckpts["causal_sharded"][0])
+    capsys.readouterr()
+    load_model(out, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and re.fullmatch(rf"convert: restoring {out / 'params'} \([0-9.]+ MB on disk\) as "
+                                            r"float32", lines[0]), lines
+    n = len(flat_params(load_model(out)))
+    assert re.fullmatch(rf"convert: restored {n} params in [0-9.]+s", lines[1]), lines
+    assert capsys.readouterr().err == ""        # the default, for a tiny target: quiet
+
+
 def test_cli_converts(ckpts, tmp_path, capsys):
     path = ckpts["cond_sharded"][0]
     out = tmp_path / "out"
