@@ -105,6 +105,19 @@ def test_kernel_bf16_inputs(seed):
     assert_matches(out, reference.gdn_tree_inputs(*args, dk=16, dv=16))
 
 
+@pytest.mark.parametrize("history_dtype", [jnp.bfloat16, jnp.float32])
+def test_reference_in_bf16_equals_it_in_fp32(seed, history_dtype):
+    """The reference joins history and nodes in their own dtype (bf16: half the bytes) and casts each window after:
+    bit for bit the outputs of the same values given in fp32, and of a history in another dtype than the nodes'."""
+    parent = random_parents(seed, 2, 24, chain=False)
+    y, history, *rest = make_inputs(seed, parent, hk=2, rep=3, dk=16, dv=16, kw=4, dtype=jnp.bfloat16)
+    fn = jax.jit(reference.gdn_tree_inputs, static_argnames=("dk", "dv"))     # as the model runs it
+    out = fn(y, history.astype(history_dtype), *rest, dk=16, dv=16)
+    wide = fn(y.astype(jnp.float32), history.astype(jnp.float32), *rest, dk=16, dv=16)
+    for name, x, r in zip(NAMES, out, wide):
+        assert x.dtype == jnp.float32 and np.array_equal(np.asarray(x), np.asarray(r)), name
+
+
 def test_refusals_and_fallbacks(seed, monkeypatch):
     """Shapes the kernel cannot take are refused by it, naming them, and left to the reference by the api;
     an in_proj width that does not match the heads is refused by both."""
