@@ -128,9 +128,10 @@ def save_drafter(drafter: Drafter, out_dir: str | Path, hf_dir: str | Path, *, o
 
 
 def restore_drafter(out_dir: str | Path, *, dtype: str | None = None,
-                    sharding: store.ShardingSpec = None) -> Drafter:
-    """The drafter from a dir written by `save_drafter`, read straight into `dtype` (default: the saved one)."""
-    return store.restore(DRAFTER, out_dir, dtype=dtype, sharding=sharding)
+                    sharding: store.ShardingSpec = None, progress: bool | None = None) -> Drafter:
+    """The drafter from a dir written by `save_drafter`, read straight into `dtype` (default: the saved one).
+    progress: as `store.restore`'s."""
+    return store.restore(DRAFTER, out_dir, dtype=dtype, sharding=sharding, progress=progress)
 
 
 def load_draft(path: str | Path, dtype: str | None = None) -> Drafter:

@@ -409,13 +409,8 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
         S.check_target(cfg, S.tp_degree(mesh)) if kind is TARGET else S.check_drafter(cfg, S.tp_degree(mesh))
         sharding = S.base_sharding(mesh, cfg)
 
-    size = sum(f.stat().st_size for f in params.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in params.rglob("*") if f.is_file()) if progress is not False else 0
     report = size > 2**30 if progress is None else progress
-    if report:
-        unit, scale = ("GB", 1e9) if size >= 1e9 else ("MB", 1e6)
-        print(f"convert: restoring {params} ({size / scale:.2f} {unit} on disk) as {cfg.dtype}", file=sys.stderr,
-              flush=True)
-    t0 = time.perf_counter()
     with ocp.StandardCheckpointer(restore_concurrent_gb=RESTORE_HOST_GB) as ckptr:
         try:
             meta_tree = getattr(ckptr.metadata(params).item_metadata, "tree", None)
@@ -436,6 +431,11 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
                                       f"{out_dir / 'config.json'} implies {list(a.shape)}")
         target = _nest({k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=resolve_sharding(sharding, p, a.shape))
                         for k, (p, a) in want.items()})
+        if report:      # after the checks: an error line is the only line a damaged checkpoint gives
+            unit, scale = ("GB", 1e9) if size >= 1e9 else ("MB", 1e6)
+            print(f"convert: restoring {params} ({size / scale:.2f} {unit} on disk) as {cfg.dtype}",
+                  file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         try:
             restored = _flatten(ckptr.restore(params, target))
         except Exception as e:
@@ -443,14 +443,15 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
             raise CheckpointError(f"{params}: cannot restore the Orbax checkpoint, it is damaged"
                                   f"{f': param {key!r}' if key else ''} ({why})") from None
     values = {p: restored[k] for k, (p, _) in want.items()}
-    if report:
-        print(f"convert: restored {len(values)} params in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
-              flush=True)
     if meta["version"] != kind.version:
         values = kind.upgrade(cfg, meta["version"], values, sharding)
     if mesh is not None:
         graphdef, flat, values = S.to_tp_layout(kind.abstract, cfg, mesh, values)
-    return assemble(graphdef, flat, values)
+    model = assemble(graphdef, flat, values)
+    if report:
+        print(f"convert: restored {len(want)} params in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
+              flush=True)
+    return model
 
 
 # TensorStore's error on a read names the param's key in the OCDBT database: `Error reading "KEY/CHUNK" ...`, where

@@ -41,6 +41,17 @@ def default_draft_dtype(backend: str, target_dtype: str) -> str:
     return "bfloat16" if backend != "cpu" and target_dtype == "float32" else target_dtype
 
 
+def budget_problem(budget: int, context: int) -> str | None:
+    """Why a DDTree budget is refused, or None: a sanity cap, not a limit of the engine. A tree's nodes sit at
+    positions of the committed length + their depth, so they never use up the context; but a tree with more nodes
+    than the target's whole context (max_position_embeddings; 0: none) is a slip, one whose every round verifies
+    thousands of rows (`--budget 5000` on the CPU demo ran for minutes without a token)."""
+    if context and budget + 1 > context:
+        return (f"--budget {budget}: a tree of {budget + 1} nodes is more than the target's whole context "
+                f"(max_position_embeddings {context}); DDTree's trees are tens to hundreds of nodes")
+    return None
+
+
 class DFlash(Speculator):
     """DFlash (budget None) or DDTree (budget B: a tree of B + 1 nodes, depth <= block_size - 1)."""
 
@@ -54,9 +65,8 @@ class DFlash(Speculator):
         budget = None if budget is None else int_arg(budget, "--budget", ConfigError)
         if budget is not None and budget < 1:
             raise ConfigError(f"--budget {budget}: must be >= 1")
-        if budget is not None and target.max_position_embeddings and budget + 1 > target.max_position_embeddings:
-            raise ConfigError(f"--budget {budget}: a tree of {budget + 1} nodes is longer than the target's context "
-                              f"limit (max_position_embeddings {target.max_position_embeddings})")
+        if budget is not None and (problem := budget_problem(budget, target.max_position_embeddings)):
+            raise ConfigError(problem)
         self.cfg, self.block_size, self.budget, self.taps = cfg, bs, budget, tuple(cfg.target_layer_ids)
         self.target_cfg = target     # the engine checks that it runs this drafter on this target
         self.name = "dflash" if budget is None else "ddtree"

@@ -264,6 +264,7 @@ def _main(argv) -> int:
         except (ValueError, RuntimeError) as e:     # no coordinator found, or it did not answer
             parser().error(f"--distributed: {e} (set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, "
                            "or run under SLURM, Open MPI or Kubernetes)")
+    budget_given = args.budget is not None
     if args.method == "ddtree" and args.budget is None:
         args.budget = default_budget(jax.default_backend())
     if args.method == "mtp" and args.mtp_tokens is None:
@@ -317,6 +318,10 @@ def _main(argv) -> int:
         parser().error(f"tokenizer {tok.name} produced id {max(ids)} >= the model's vocab_size {model.cfg.vocab_size}")
     stops = () if args.ignore_eos else tuple(set(model.cfg.eos_token_ids) | set(tok.eos_ids))
     speculator = None
+    if args.method == "ddtree":     # before the drafter's load (GBs at 27B), not after
+        from jaxspec.dflash import budget_problem
+        if problem := budget_problem(args.budget, model.cfg.max_position_embeddings):
+            parser().error(problem if budget_given else f"{problem} (this backend's default; pass a smaller --budget)")
     if args.method in ("dflash", "ddtree"):
         from convert.drafter import load_draft
         from convert.hf import CheckpointError
@@ -331,8 +336,8 @@ def _main(argv) -> int:
             if args.block_size is None:
                 args.block_size = default_block(jax.default_backend(), drafter.cfg.block_size)
             speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)
-        except (ConfigError, CheckpointError) as e:     # the budget's errors are the flag's, not the drafter's
-            parser().error(str(e) if str(e).startswith("--budget") else f"--draft {args.draft}: {e}")
+        except (ConfigError, CheckpointError) as e:
+            parser().error(f"--draft {args.draft}: {e}")
     if args.method == "mtp":
         from jaxspec.mtp import MTP, MTPHead
         if args.model is None:  # the random model gets a random head, so that the path runs out of the box

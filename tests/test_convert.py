@@ -640,15 +640,17 @@ def test_save_refuses_a_model_the_config_does_not_describe(ckpts, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
 
 
-def test_restore_checks_the_config_against_the_params(ckpts, tmp_path):
+def test_restore_checks_the_config_against_the_params(ckpts, tmp_path, capsys):
     path = ckpts["causal"][0]
     out = save_converted(load_target(path, dtype="float32"), tmp_path / "out", path)
     cfg = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 96}))
+    capsys.readouterr()
     with pytest.raises(CheckpointError, match=r"'layers.0.mlp.down_proj.kernel' has shape \[128, 64\].*\[96, 64\]") \
             as e:
-        restore_converted(out)
+        restore_converted(out, progress=True)
     assert str(out / "params") in str(e.value) and "mlp" in str(e.value)
+    assert capsys.readouterr().err == ""        # no progress line before a refusal: the error is the only line
     (out / "config.json").write_text(json.dumps(cfg))
     (out / "jaxspec.json").unlink()
     with pytest.raises(CheckpointError, match="jaxspec.json") as e:

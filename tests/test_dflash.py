@@ -103,11 +103,11 @@ def test_bad_pairs_and_block_sizes(pair):
     wide = Drafter(drafter_config(target_layer_ids=(0, 4)), rngs=nnx.Rngs(0))
     with pytest.raises(ConfigError, match=r"ids \[4\] are not layers of"):
         DFlash(wide, target.cfg)
-    # a tree longer than the target's context limit: refused, naming the flag; a tree that fits is taken
+    # a tree of more nodes than the target's whole context: refused (a sanity cap), naming the flag
     bound = target.cfg.max_position_embeddings
     assert bound > 1
-    with pytest.raises(ConfigError, match=rf"--budget {bound}: a tree of {bound + 1} nodes is longer than the "
-                                          rf"target's context limit \(max_position_embeddings {bound}\)"):
+    with pytest.raises(ConfigError, match=rf"--budget {bound}: a tree of {bound + 1} nodes is more than the "
+                                          rf"target's whole context \(max_position_embeddings {bound}\)"):
         DFlash(drafter, target.cfg, budget=bound)
     assert DFlash(drafter, target.cfg, budget=bound - 1).tree_size == bound
     assert DFlash(drafter, target.cfg.replace(max_position_embeddings=0), budget=bound).tree_size == bound + 1

@@ -381,20 +381,32 @@ def test_context_errors_name_the_flags_and_print_nothing(monkeypatch, capsys, tm
         error_line(err), err
 
 
-def test_a_budget_beyond_the_context_limit_is_the_flags_error(dirs, capsys, tmp_path):
-    """--budget whose tree is longer than the target's context: one line naming the flag and the limit, not the
-    drafter (before, it was taken, and the CPU ran a tree of thousands of nodes for minutes)."""
+def test_a_budget_beyond_the_whole_context_is_the_flags_error(dirs, capsys, tmp_path):
+    """A tree of more nodes than the target's whole context (a sanity cap): one line naming the flag and the limit,
+    before the drafter is read (before, the tree was taken, and the CPU ran thousands of rows a round for minutes).
+    The backend's default budget is named as the default."""
+    from jaxspec.generate import default_budget
     target, draft = dirs
     target = with_small_tokenizer(target, tmp_path / "model")
     config = json.loads((target / "config.json").read_text())
-    bound = config["max_position_embeddings"] = 24      # room for the prompt and 4 new tokens, not for the tree
+    bound = config["max_position_embeddings"] = 24      # room for the prompt and 4 new tokens
     (target / "config.json").write_text(json.dumps(config))
-    assert run_main(["--model", str(target), "--method", "ddtree", "--draft", str(draft), "--prompt", "def f(x):",
-                     "--max-new-tokens", "4", "--budget", str(bound)]) == 2
+    args = ["--model", str(target), "--method", "ddtree", "--prompt", "def f(x):", "--max-new-tokens", "4"]
+    assert run_main(args + ["--draft", str(draft), "--budget", str(bound)]) == 2
+    out, err = capsys.readouterr()
+    problem = (f"--budget {bound}: a tree of {bound + 1} nodes is more than the target's whole context "
+               f"(max_position_embeddings {bound}); DDTree's trees are tens to hundreds of nodes")
+    assert out == "" and error_line(err) == ERROR + problem, err
+    assert run_main(args + ["--draft", str(draft), "--budget", str(bound - 1)]) == 0    # 24 nodes: taken
+    capsys.readouterr()
+    bound = config["max_position_embeddings"] = default_budget(jax.default_backend())
+    (target / "config.json").write_text(json.dumps(config))
+    assert run_main(args + ["--draft", str(tmp_path / "no-drafter")]) == 2      # refused before the drafter's read
     out, err = capsys.readouterr()
     assert out == "" and error_line(err) == (
-        f"{ERROR}--budget {bound}: a tree of {bound + 1} nodes is longer than the target's context limit "
-        f"(max_position_embeddings {bound})"), err
+        f"{ERROR}--budget {bound}: a tree of {bound + 1} nodes is more than the target's whole context "
+        f"(max_position_embeddings {bound}); DDTree's trees are tens to hundreds of nodes (this backend's default; "
+        "pass a smaller --budget)"), err
 
 
 def test_out_of_memory_names_the_draft_flags(monkeypatch, capsys, tmp_path):
