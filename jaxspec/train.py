@@ -1507,7 +1507,8 @@ def run_pair(args) -> int:
                  ("--ckpt-every", args.ckpt_every, "a checkpoint only at each phase's end"), ("--seed", args.seed),
                  ("--package-text", args.package_text))
     refuse_below(1, ("--part-mb", args.part_mb), ("--gen-sequences", args.gen_sequences),
-                 ("--gen-batch", args.gen_batch), ("--drafter-layers", args.drafter_layers))
+                 ("--gen-batch", args.gen_batch), ("--drafter-layers", args.drafter_layers),
+                 ("--target-width", args.target_width), ("--target-layers", args.target_layers))
     if not (math.isfinite(budget) and budget > 0):
         raise ConfigError(f"--time-budget-s {budget:g}: must be > 0 (the wall-clock budget of all the phases)")
     s = resized(tiny_sizes() if args.tiny else full_sizes(), args.target_width, args.target_layers)
@@ -1775,6 +1776,15 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
 # `drafter`: a drafter for an existing target
 
 
+def target_tokenizer(path):
+    """--target's tokenizer; one that cannot be read is the flag's error, not a traceback."""
+    from jaxspec.tokenizer import load_tokenizer
+    try:
+        return load_tokenizer(path)
+    except ValueError as e:
+        raise ConfigError(f"--target {path}: {e}") from None
+
+
 def refuse_below(low: int, *checks) -> None:
     """A ConfigError naming the first flag whose value is below `low` (or not finite); checks are (flag, value) or
     (flag, value, what 0 means); a value of None (not given) passes."""
@@ -1853,7 +1863,6 @@ def run_drafter(args) -> int:
     from convert.store import load_model
     from jaxspec.export import export_drafter
     from jaxspec.plot import loss_curve_png
-    from jaxspec.tokenizer import load_tokenizer
 
     check_drafter_flags(args)
     if args.grow_layers and not args.init:
@@ -1876,7 +1885,7 @@ def run_drafter(args) -> int:
     files = text_files(text)
     t_start = time.time()
     target = load_model(args.target, dtype="float32")
-    docs = text_docs(load_tokenizer(args.target), files)
+    docs = text_docs(target_tokenizer(args.target), files)
     if not docs:
         raise ConfigError(f"--text: the files hold no text ({len(files)} files, each empty or unreadable)")
     log(f"data: {len(docs)} text files ({sum(map(len, docs)) / 1e6:.2f} M tokens)"
@@ -2093,11 +2102,11 @@ def check_vocabulary(docs, vocab: int, target) -> None:
 def run_eval(args) -> int:
     from convert.drafter import load_draft
     from convert.store import load_model
-    from jaxspec.tokenizer import load_tokenizer
 
     from jaxspec.sampling import Sampling
     refuse_below(1, ("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
                  ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows))
+    refuse_below(0, ("--seed", args.seed))
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -2123,7 +2132,7 @@ def run_eval(args) -> int:
         from jaxspec.dflash import default_draft_dtype
         args.draft_dtype = default_draft_dtype(jax.default_backend(), args.dtype)
     drafter = load_draft(model_dir(args.draft, "--draft"), dtype=args.draft_dtype)
-    tok = load_tokenizer(args.target)
+    tok = target_tokenizer(args.target)
     corpus = None
     if trained is not None:
         corpus = text_docs(tok, trained)
@@ -2380,7 +2389,8 @@ def main(argv=None) -> int:
         print(e, file=sys.stderr)
         return 130
     except KeyboardInterrupt:                # Ctrl-C elsewhere (data, export: each resumes or is written whole)
-        print("interrupted; rerun the same command to resume from its last checkpoint", file=sys.stderr)
+        print("interrupted; " + ("eval keeps no checkpoints: rerun it to start over" if args.cmd == "eval" else
+                                 "rerun the same command to resume from its last checkpoint"), file=sys.stderr)
         return 130
 
 

@@ -1114,7 +1114,9 @@ def test_pair_sizes_resize_the_target_and_the_drafter_follows():
                                            (["--part-mb", "0"], "--part-mb 0: must be >= 1"),
                                            (["--time-budget-s", "-1"], "--time-budget-s -1: must be > 0"),
                                            (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0"),
-                                           (["--seed", "-1"], "--seed -1: must be >= 0")])
+                                           (["--seed", "-1"], "--seed -1: must be >= 0"),
+                                           (["--target-width", "0"], "--target-width 0: must be >= 1"),
+                                           (["--target-layers", "0"], "--target-layers 0: must be >= 1")])
 def test_pair_refuses_sizes_by_flag(tmp_path, capsys, flags, message):
     assert train.main(["pair", "--tiny", "--out", str(tmp_path / "o"), *flags]) == 2
     assert message in capsys.readouterr().err
@@ -1595,6 +1597,37 @@ def test_ctrl_c_inside_a_step_saves_and_exits_130(cli_target, tmp_path, capsys, 
     assert train.main(drafter_args(cli_target, out, "--steps", "5")) == 0
     assert "resumed from" in capsys.readouterr().err and (out / "drafter" / "config.json").is_file()
     assert len(json.loads((out / "ckpt" / "meta" / "5.json").read_text())["losses"]) == 5
+
+
+def test_an_unreadable_target_tokenizer_and_evals_own_refusals(cli_target, tmp_path, capsys, monkeypatch):
+    """A --target whose tokenizer.json is damaged: `drafter` and `eval` end in one line naming the flag (it was a
+    ValueError traceback). `eval --seed -1` names --seed (it blamed --text), and Ctrl-C in `eval`, which keeps no
+    checkpoints, does not advise resuming."""
+    import shutil
+    from jaxspec.export import export_drafter
+    tgt = tmp_path / "tgt"
+    shutil.copytree(cli_target / "tgt", tgt)
+    (tgt / "tokenizer.json").write_text('{"truncated": ')
+    args = drafter_args(cli_target, tmp_path / "o", "--steps", "2")
+    args[args.index("--target") + 1] = str(tgt)
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: --target {tgt}: ") and "Traceback" not in err, err
+    assert "tokenizer" in err and not (tmp_path / "o" / "drafter").exists()
+    drf = tmp_path / "drf"
+    export_drafter(tiny_drafter((FULL,), block=4), drf, num_target_layers=tiny_target().cfg.num_layers)
+    run = ["eval", "--draft", str(drf), "--text", str(cli_target / "text"), "--out", str(tmp_path / "r.json"),
+           "--prompts", "1", "--prompt-len", "8", "--max-new", "2", "--budgets", "2"]
+    assert train.main(run + ["--target", str(tgt)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --target {tgt}: " in err and "Traceback" not in err, err
+    assert train.main(run + ["--target", str(cli_target / "tgt"), "--seed", "-1"]) == 2
+    assert "--seed -1: must be >= 0" in capsys.readouterr().err
+    monkeypatch.setattr(train, "run_eval", lambda args: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert train.main(run + ["--target", str(cli_target / "tgt")]) == 130
+    err = capsys.readouterr().err
+    assert "eval keeps no checkpoints: rerun it to start over" in err and "resume" not in err, err
+    assert not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")    # Orbax's failed restore, at exit
