@@ -1584,7 +1584,8 @@ def run_pair(args) -> int:
     # What shapes the run: a rerun into the same --work resumes a phase's checkpoint only with the same flags.
     flags = {"--tiny": bool(args.tiny), "--seed": args.seed, "--target-width": tcfg.hidden_size,
              "--target-layers": tcfg.num_layers, "--vocab": vocab, "--package-text": n_pkg,
-             "--drafter-prompts": args.drafter_prompts, "the corpus (its tokens)": array_digest(stream)}
+             "--drafter-prompts": args.drafter_prompts, "--target-max-epochs": args.target_max_epochs,
+             "the corpus (its tokens)": array_digest(stream)}
 
     # 2. Target.
     target = Qwen35(tcfg, rngs=nnx.Rngs(args.seed))
@@ -1776,6 +1777,13 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
 # `drafter`: a drafter for an existing target
 
 
+def check_val_sequences(n_val: int, n: int, batch: int) -> None:
+    """Refuse --val-sequences that leave fewer than --batch of the data's n sequences to train on."""
+    if n_val and n_val > n - batch:
+        raise ConfigError(f"--val-sequences {n_val}: the data has {n} sequences, and --batch {batch} of them "
+                          f"must be left to train on")
+
+
 def target_tokenizer(path):
     """--target's tokenizer; one that cannot be read is the flag's error, not a traceback."""
     from jaxspec.tokenizer import load_tokenizer
@@ -1936,6 +1944,9 @@ def run_drafter(args) -> int:
             prompts = prompts_from(docs, args.sequences, args.prompt_len, args.seed)
         except ValueError as e:
             raise ConfigError(f"--text: {e} (--prompt-len {args.prompt_len})") from None
+    # the sequences the data will hold, known before any is made (greedy data takes hours at real sizes)
+    check_val_sequences(args.val_sequences, min(args.windows or tokens // args.window, tokens // args.window)
+                        if args.data == "corpus" else len(prompts), args.batch)
     gamma = args.gamma if args.gamma is not None else default_gamma(args.block)
     # What shapes the run: a rerun into the same --out resumes its checkpoint only with the same (Trainer.restore);
     # the shape's values are the drafter's own (with --init, its; the unused flags may change).
@@ -1985,9 +1996,7 @@ def run_drafter(args) -> int:
     done = len(seqs) if live else cache.done
     log(f"data: {done} {what}, " + ("target features made in each step" if live else "target features cached"))
     n_val = args.val_sequences
-    if n_val and n_val > done - args.batch:
-        raise ConfigError(f"--val-sequences {n_val}: the data has {done} sequences, and --batch {args.batch} of them "
-                          f"must be left to train on")
+    check_val_sequences(n_val, done, args.batch)
     n_train = done - n_val
     dgraph, dparams = nnx.split(drafter)
     frozen = {"embed": target.embed_tokens[...], "lm_head": target.unembedding()}
@@ -2068,12 +2077,23 @@ def text_docs(tok, paths) -> list[np.ndarray]:
     return [np.asarray(tok.encode(t), np.int32) for t in (read_text(f) for f in text_files(paths)) if t]
 
 
+def stdlib_names(results) -> dict:
+    """`corpus.stdlib_files` of a `pair` run's results.json: lists of file names under "train" and
+    "drafter_prompts"; a ValueError saying what is missing or of the wrong kind."""
+    names = results.get("corpus", {}).get("stdlib_files") if isinstance(results, dict) and \
+        isinstance(results.get("corpus", {}), dict) else None
+    if names is None:
+        raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
+    for part in ("train", "drafter_prompts"):
+        if not isinstance(names, dict) or not isinstance(names.get(part), list):
+            raise ValueError(f"its corpus.stdlib_files has no list {part!r} (a results.json not written by `pair`)")
+    return names
+
+
 def seen_by_pair(files: list[Path], results: dict, stdlib_root=None) -> list[Path]:
     """Those of `files` that a `pair` run (its results.json, `results`) trained its target on or cut its drafter's
     prompts from, by their path under the stdlib (`corpus.stdlib_files`), wherever that stdlib is installed."""
-    names = results.get("corpus", {}).get("stdlib_files")
-    if names is None:
-        raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
+    names = stdlib_names(results)
     seen = set(names["train"]) | set(names["drafter_prompts"])
     return [f for f in files if stdlib_name(f, stdlib_root) in seen]
 
@@ -2081,9 +2101,7 @@ def seen_by_pair(files: list[Path], results: dict, stdlib_root=None) -> list[Pat
 def trained_on(results: dict, stdlib_root=None) -> tuple[list[Path], int]:
     """The stdlib files a `pair` run (its results.json) trained its target on that this machine has, and how many
     it lists (another Python may lack a few). Package files are not named in results.json, so not among them."""
-    names = results.get("corpus", {}).get("stdlib_files")
-    if names is None:
-        raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
+    names = stdlib_names(results)
     root = Path(stdlib_root or sysconfig.get_paths()["stdlib"])
     listed = sorted(set(names["train"]))
     return [root / n for n in listed if (root / n).is_file()], len(listed)

@@ -322,6 +322,11 @@ def test_drafter_subcommand_live_features_with_a_held_out_loss(tmp_path, capsys)
     assert "--val-sequences 2: must be 0 or at least --batch (4)" in capsys.readouterr().err
     assert train.main(args + ["--val-sequences", "12"]) == 2
     assert "--val-sequences 12: the data has 14 sequences" in capsys.readouterr().err
+    # greedy data (hours of generation at real sizes): refused before any of it is made
+    greedy = args[:-2] + ["--data", "greedy", "--sequences", "6", "--gen-new", "8", "--out", str(tmp_path / "g")]
+    assert train.main(greedy + ["--val-sequences", "4"]) == 2
+    assert "--val-sequences 4: the data has 6 sequences, and --batch 4" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
     assert train.main(args + ["--shard-mb", "-1"]) == 2
     assert "--shard-mb -1: must be >= 0" in capsys.readouterr().err
     assert train.main(args + ["--soft-labels", "1.5"]) == 2
@@ -1052,6 +1057,16 @@ def test_pair_rerun_refuses_a_drafter_checkpoint_made_against_other_target_weigh
     assert "drafter: resumed" not in err
 
 
+def test_pair_rerun_refuses_another_target_max_epochs(fast_pair, tmp_path, capsys):
+    """--target-max-epochs shapes the target's schedule: a rerun with another one is refused naming old -> new (it
+    resumed the old schedule and trained past the new cap, recording the new one in results.json)."""
+    out = _copy_of(fast_pair, tmp_path)
+    capsys.readouterr()
+    assert train.main([*FAST_PAIR, "--out", str(out), "--target-max-epochs", "0.0001"]) == 2
+    err = capsys.readouterr().err
+    assert "--target-max-epochs: 0 -> 0.0001" in err and "Traceback" not in err, err
+
+
 def test_pair_rerun_refuses_a_drafter_checkpoint_whose_targets_checkpoints_are_gone(fast_pair, tmp_path, capsys):
     """A drafter checkpoint without the target's checkpoints is refused at once (exit 2, naming both dirs), before a
     new target is trained that the drafter's checkpoint would only be refused against."""
@@ -1262,6 +1277,15 @@ def test_eval_unseen_by_refuses_before_loading_models(tmp_path, capsys):
                                                             "drafter_prompts": ["json/decoder.py"]}}}))
     assert train.main(base + [str(both)]) == 2
     assert "every --text file was seen by that pair" in capsys.readouterr().err
+    # not the shape `pair` writes: a line naming what is missing (a list: AttributeError; a part: a bare KeyError)
+    for doc, why in (([], "it has no corpus.stdlib_files"),
+                     ({"corpus": {"stdlib_files": {"train": []}}}, "its corpus.stdlib_files has no list 'drafter_prompts'"),
+                     ({"corpus": {"stdlib_files": ["a.py"]}}, "its corpus.stdlib_files has no list 'train'")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(doc))
+        assert train.main(base + [str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --unseen-by {bad}: {why}" in err and "Traceback" not in err, err
     assert not (tmp_path / "e.json").exists()
     assert train.main(base[:-1] + ["--temperature", "0.7", "--top-p", "1.5"]) == 2      # also before any model
     assert "--top-p must be in (0, 1], got 1.5" in capsys.readouterr().err
