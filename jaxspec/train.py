@@ -2038,6 +2038,10 @@ def run_drafter(args) -> int:
                 f"sequences never trained on)")
     held_out_loss()
     if deadline is not None and not resumed:
+        if deadline - time.time() <= 0:     # nothing saved yet: a rerun reuses the data and trains
+            raise ConfigError(f"--time-budget-s {args.time_budget_s:g}: making the data took all of it "
+                              f"({time.time() - t_start:.0f}s), no time is left to train; the data is kept in "
+                              f"{out}: rerun with a larger --time-budget-s, or none")
         # Fit the schedule to the time left (keeping ~5% for the export), so that it completes its decay.
         tr.steps = calibrate_steps(tr, 0.95 * (deadline - time.time()), cap=args.steps)
         tr.warmup = max(1, int(0.04 * tr.steps))

@@ -1494,6 +1494,19 @@ def test_drafter_refuses_bad_numbers_up_front(cli_target, tmp_path, capsys, flag
     assert not (tmp_path / "o").exists()
 
 
+def test_drafter_whose_data_took_the_whole_time_budget(cli_target, tmp_path, capsys):
+    """A --time-budget-s that making the data used up: exit 2 naming the flag (it trained 1 step, exited 0, and a
+    rerun resumed that finished 1-step run); the data is kept, and a rerun without the budget trains on it."""
+    out = tmp_path / "o"
+    assert train.main(drafter_args(cli_target, out, "--steps", "2", "--time-budget-s", "0.001")) == 2
+    err = capsys.readouterr().err
+    assert "error: --time-budget-s 0.001: making the data took all of it" in err, err
+    assert f"the data is kept in {out}: rerun with a larger --time-budget-s, or none" in err
+    assert not (out / "drafter").exists() and train.newest_meta(out / "ckpt") is None     # no step saved
+    assert train.main(drafter_args(cli_target, out, "--steps", "2")) == 0
+    assert (out / "drafter" / "config.json").is_file()
+
+
 def test_drafter_refuses_token_ids_outside_the_targets_vocabulary(cli_target, tmp_path, capsys):
     """A --target dir whose tokenizer has more tokens (400) than the model's vocabulary (320): exit 2 naming the
     dir and both sizes (the target clamped the ids, the drafter's embedding lookup gave NaN)."""
