@@ -207,10 +207,11 @@ def all_finite(tree) -> jax.Array:
 
 
 class Interrupted(Exception):
-    """Training stopped by SIGINT (Ctrl-C) between two steps; `saved`: the checkpoint dir it saved to, or None."""
+    """Training stopped by SIGINT (Ctrl-C) or SIGTERM (`timeout`, a scheduler's preemption) between two steps;
+    `saved`: the checkpoint dir it saved to, or None; `signum`: the signal."""
 
-    def __init__(self, name: str, step: int, saved: Path | None):
-        self.name, self.step, self.saved = name, step, saved
+    def __init__(self, name: str, step: int, saved: Path | None, signum: int = signal.SIGINT):
+        self.name, self.step, self.saved, self.signum = name, step, saved, signum
         super().__init__(f"{name}: interrupted at step {step}; "
                          + (f"checkpoint saved in {saved}; rerun the same command to resume" if saved else
                             "no checkpoint saved; rerun the same command to start again"))
@@ -437,9 +438,9 @@ class Trainer:
         from concurrent.futures import ThreadPoolExecutor
         t0, s0 = time.perf_counter(), self.step
         stop = self.steps if max_steps is None else min(self.steps, self.step + max_steps)
-        self._stop, old_handler = False, None
+        self._stop, old_handlers = False, {}
         if threading.current_thread() is threading.main_thread():
-            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         quit_now = False
         try:
             with ThreadPoolExecutor(1) as pool:
@@ -471,20 +472,20 @@ class Trainer:
                     if save:
                         self.save()
             finally:
-                if old_handler is not None:
-                    signal.signal(signal.SIGINT, old_handler)
+                for sig, handler in old_handlers.items():
+                    signal.signal(sig, handler)
         if self._stop:
-            raise Interrupted(self.name, self.step, self.ckpt_dir if save and self.ckpt_dir else None)
+            raise Interrupted(self.name, self.step, self.ckpt_dir if save and self.ckpt_dir else None, self._stop)
         return self.losses
 
-    def _on_sigint(self, signum, frame):
-        """SIGINT during `run`: stop after the current step (whose jitted call owns the donated params and optimizer
-        state until it returns), then save; a second one quits at once."""
+    def _on_signal(self, signum, frame):
+        """SIGINT or SIGTERM during `run`: stop after the current step (whose jitted call owns the donated params and
+        optimizer state until it returns), then save; a second one quits at once. `_stop` keeps the signal."""
         if self._stop:
             raise KeyboardInterrupt
-        self._stop = True
-        log(f"{self.name}: interrupted; stopping once the current step is done, to save a checkpoint (Ctrl-C "
-            f"again to quit at once)")
+        self._stop = signum
+        log(f"{self.name}: {signal.Signals(signum).name}; stopping once the current step is done, to save a "
+            f"checkpoint (again to quit at once)")
 
 
 def calibrate_steps(trainer: Trainer, seconds: float, probe: int = 20, cap: int | None = None) -> int:
@@ -2407,9 +2408,9 @@ def main(argv=None) -> int:
                "rerun with another --seed and a new --out (or --work)")
         print(f"error: {e}; the checkpoints before it are kept; {fix}", file=sys.stderr)
         return 2
-    except Interrupted as e:                 # Ctrl-C while training: the trainer saved a checkpoint first
+    except Interrupted as e:                 # Ctrl-C or SIGTERM while training: the trainer saved a checkpoint first
         print(e, file=sys.stderr)
-        return 130
+        return 128 + int(e.signum)          # as a shell reports a process ended by the signal: 130, 143
     except KeyboardInterrupt:                # Ctrl-C elsewhere (data, export: each resumes or is written whole)
         print("interrupted; " + ("eval keeps no checkpoints: rerun it to start over" if args.cmd == "eval" else
                                  "rerun the same command to resume from its last checkpoint"), file=sys.stderr)

@@ -1602,11 +1602,14 @@ def test_drafter_rerun_with_other_flags_is_refused_and_more_steps_train_on(cli_t
     assert "--steps 3: the run in" in capsys.readouterr().err
 
 
-def test_ctrl_c_inside_a_step_saves_and_exits_130(cli_target, tmp_path, capsys, monkeypatch):
-    """A SIGINT arriving while a jitted step owns the donated params and optimizer state stops training after that
-    step, saves it and exits 130 with one line (it was "Array has been deleted" and the steps lost); the same
-    command then resumes there."""
+@pytest.mark.parametrize("signame,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_inside_a_step_saves_and_exits(cli_target, tmp_path, capsys, monkeypatch, signame, status):
+    """A SIGINT (Ctrl-C) or SIGTERM (`timeout`, a preemption) arriving while a jitted step owns the donated params and
+    optimizer state stops training after that step, saves it and exits 128 + the signal with one line (SIGINT was
+    "Array has been deleted" and the steps lost; SIGTERM ended the run without a checkpoint); the same command then
+    resumes there."""
     import signal
+    sig = getattr(signal, signame)
     init = train.Trainer.__init__
 
     def interrupted_at_step_3(self, *a, **kw):
@@ -1616,20 +1619,20 @@ def test_ctrl_c_inside_a_step_saves_and_exits_130(cli_target, tmp_path, capsys, 
         def step(*args):
             out = step_fn(*args)                      # args 0 and 1 are donated to this call
             if int(args[4]) == 2:
-                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(sig)
             return out
         self._step_fn = step
     monkeypatch.setattr(train.Trainer, "__init__", interrupted_at_step_3)
-    before = signal.getsignal(signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out = tmp_path / "o"
     try:
         rc = train.main(drafter_args(cli_target, out, "--steps", "5"))
     except KeyboardInterrupt:
         pytest.fail("KeyboardInterrupt escaped main()")
     err = capsys.readouterr().err
-    assert rc == 130 and "Traceback" not in err
+    assert rc == status and "Traceback" not in err and f"drafter: {signame}; stopping once" in err, err
     assert f"interrupted at step 3; checkpoint saved in {out / 'ckpt'}; rerun the same command to resume" in err
-    assert signal.getsignal(signal.SIGINT) is before and not (out / "drafter").exists()
+    assert all(signal.getsignal(s) is h for s, h in before.items()) and not (out / "drafter").exists()
     monkeypatch.undo()
     assert train.main(drafter_args(cli_target, out, "--steps", "5")) == 0
     assert "resumed from" in capsys.readouterr().err and (out / "drafter" / "config.json").is_file()
