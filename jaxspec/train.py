@@ -28,8 +28,8 @@ warm-up, cosine decay and global-norm clipping, written here in plain jax. Data 
 (the batch axis of a 1-D mesh). Orbax checkpoints every `--ckpt-every` steps, each with its own metadata; a rerun
 with the same arguments resumes from the latest one that restores and continues with exactly the steps it would have
 run. A rerun with other flags that shape the run (or another target or text) is refused, naming each; `drafter` with
-another --steps trains on to that many. Ctrl-C stops training after the current step, saves a checkpoint and exits
-with status 130.
+another --steps trains on to that many. Ctrl-C (or SIGTERM, as from `timeout` or a preemption) stops training after
+the current step, saves a checkpoint and exits with status 130 (143).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class Trainer:
     newest step that restores cleanly, moving any that does not to ckpt_dir/unrestorable/ (said on stderr).
     `steps_asked`: the step count the command asked for (a fresh run with a time budget may schedule fewer),
     kept with the checkpoints so that the caller can tell a rerun that asks for another count. `run` defers a
-    SIGINT (Ctrl-C) to the end of the current step, saves and raises `Interrupted`.
+    SIGINT (Ctrl-C) or SIGTERM to the end of the current step, saves and raises `Interrupted`.
     """
 
     def __init__(self, loss_fn: Callable, params, frozen, batch_at: Callable[[int], dict], *, steps: int,
