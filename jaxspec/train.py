@@ -2085,8 +2085,8 @@ def text_docs(tok, paths) -> list[np.ndarray]:
 def stdlib_names(results) -> dict:
     """`corpus.stdlib_files` of a `pair` run's results.json: lists of file names under "train" and
     "drafter_prompts"; a ValueError saying what is missing or of the wrong kind."""
-    names = results.get("corpus", {}).get("stdlib_files") if isinstance(results, dict) and \
-        isinstance(results.get("corpus", {}), dict) else None
+    corpus = results.get("corpus") if isinstance(results, dict) else None
+    names = corpus.get("stdlib_files") if isinstance(corpus, dict) else None
     if names is None:
         raise ValueError("it has no corpus.stdlib_files (a results.json of an older jaxspec, or not of `pair`)")
     for part in ("train", "drafter_prompts"):
