@@ -79,11 +79,11 @@ def test_inert_tail_leaves_the_state_of_the_prefix(seed, implementation):
 def test_state_pass_kernel_matches_reference(seed, dk, key_chunk):
     """The state pass alone on random factors: 5 blocks (padded to 8 inside), Dv 24 (padded to 32), two programs
     along the value dim (block_dv 16); the state in one piece (Dk 16) or in four (Dk 40 padded to 64, pieces of
-    16). O comes from the states the kernel writes, the last state from its registers."""
+    16). O comes from the states and the Deltas the kernel writes, the last state from its registers."""
     rng = np.random.default_rng(seed)
     b, nb, h, c, dv = 2, 5, 3, 16, 24
     f = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
-    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
+    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, c),
             jnp.asarray(rng.uniform(0.2, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
     o, s = pallas_triton.state_pass(*args, interpret=True, block_dv=16, key_chunk=key_chunk)
     ro, rs = reference.state_pass(*args)
@@ -92,11 +92,11 @@ def test_state_pass_kernel_matches_reference(seed, dk, key_chunk):
 
 
 def test_block_factors_kernel_matches_reference(seed):
-    """Tb and M (zero above the diagonal, as the products after them need) and G from `_prepare_kernel`."""
+    """Tb and P (zero above the diagonal, as the products after them need) and G from `_prepare_kernel`."""
     q, k, _, g, beta, _ = chain_inputs(seed, 64, HEADS[0], batch=3)
     got = pallas_triton.block_factors(q, k, g, beta, interpret=True)
     want = reference.block_factors(q, k, g, beta)
-    for name, x, r in zip(("Tb", "M", "G"), got, want):
+    for name, x, r in zip(("Tb", "P", "G"), got, want):
         assert x.shape == r.shape, name
         assert rel_err(x, r) < BOUND, name
     assert not np.asarray(jnp.triu(got[0], 1)).any() and not np.asarray(jnp.triu(got[1], 1)).any()
@@ -150,7 +150,7 @@ def test_gpu_state_pass_matches_scan(seed):
     rng = np.random.default_rng(seed)
     b, nb, h, c, dk, dv = 1, 16, arg_specs.REAL_HEADS, 64, arg_specs.REAL_DK, arg_specs.REAL_DV
     f = lambda *shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32)
-    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
+    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, c),
             jnp.asarray(rng.uniform(0.5, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
     o, s = jax.jit(pallas_triton.state_pass)(*args)
     ro, rs = jax.jit(reference.state_pass)(*args)

@@ -23,7 +23,7 @@ def main(out, small):
     b, nb, h, hk, c, dk, dv = (1, 3, 2, 1, 16, 16, 16) if small else (1, 128, 48, 16, 64, 128, 128)
     rng = np.random.default_rng(0)
     f = lambda *shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32)
-    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, dv),
+    args = (f(b, nb, h, c, dk), f(b, nb, h, c, dk), f(b, nb, h, dk, c), f(b, nb, h, c, dv), f(b, nb, h, c, c),
             jnp.asarray(rng.uniform(0.5, 1.0, (b, nb, h)), jnp.float32), f(b, h, dk, dv))
     # The default (tf32x3, 32 columns, one stage, 4 warps) first and last; session 62's calls 1 and 6 swept
     # precision, columns, key pieces, stages, warps and O inside or after the pass

@@ -3,12 +3,12 @@
 A chain of T tokens runs in blocks of C. Nothing a block computes depends on the state entering it except
 through two products (reference.block_factors):
 
-    Delta = Tb V - W S        O = M V + U S        S_next = e^{G_last} S + Kd^T Delta
+    Delta = Tb V - W S        O = E Q S + P Delta        S_next = e^{G_last} S + Kd^T Delta
 
-with W = Tb E K, U = E Q - M E K and Kd = e^{G_last - G} K. So Tb, M and the six products above that do not
-involve S are formed for all blocks at once (batched products), and only the pass over the blocks is serial
+with W = Tb E K, P = D * Q K^T and Kd = e^{G_last - G} K. So Tb, P and the products above that do not involve S
+or Delta are formed for all blocks at once (batched products), and only the pass over the blocks is serial
 (reference.state_pass, or `pallas_triton.state_pass`: one kernel for the whole pass, whose loop keeps Delta and the
-state update and writes the state entering each block; O is then one batched product). Before, the model ran the
+state update and writes Delta and the state entering each block; O is then two batched products). Before, the model ran the
 whole tree delta rule once per block in a scan: on an H100 at the real shape the 8K prefill's GDN part took 492 ms,
 74,265 kernels, most of them a few microseconds each (bench/results/2026-12-06-h100-s61/prefill-gdn/).
 
@@ -45,10 +45,10 @@ def chain_delta_rule(q, k, v, g, beta, s0, *, chunk: int = CHUNK, implementation
     pad = lambda x: jnp.pad(x.astype(f32), [(0, 0), (0, nb * chunk - n)] + [(0, 0)] * (x.ndim - 2))
     q, k, v, g, beta = (pad(x).reshape((b * nb, chunk) + x.shape[2:]) for x in (q, k, v, g, beta))
     if kernels:
-        tb, m, G = pallas_triton.block_factors(q, k, g, beta, interpret=interpret)
+        tb, p, G = pallas_triton.block_factors(q, k, g, beta, interpret=interpret)
         prec = jax.lax.Precision.HIGHEST if interpret else pallas_triton.PRECISIONS["tf32x3"]
     else:
-        tb, m, G = reference.block_factors(q, k, g, beta,
+        tb, p, G = reference.block_factors(q, k, g, beta,
                                            inverse=xla.unit_lower_inverse if name == "xla" else None)
         prec = jax.lax.Precision.HIGHEST
     product = lambda a, x: jnp.einsum("xhij,xjhd->xhid", a, x, precision=prec)
@@ -57,10 +57,9 @@ def chain_delta_rule(q, k, v, g, beta, s0, *, chunk: int = CHUNK, implementation
     ek = eG * k
     last = G[:, -1]                                                                   # [B NB, H]
     w = product(tb, ek)
-    u = jnp.swapaxes(eG * q, 1, 2) - product(m, ek)
     kdt = jnp.moveaxis(jnp.exp(last[:, None] - G)[..., None] * k, 1, 3)               # [B NB, H, Dk, C]
     by_block = lambda x: x.reshape((b, nb) + x.shape[1:])
-    factors = tuple(by_block(x) for x in (w, u, kdt, product(tb, v), product(m, v), jnp.exp(last)))
+    factors = tuple(by_block(x) for x in (w, jnp.swapaxes(eG * q, 1, 2), kdt, product(tb, v), p, jnp.exp(last)))
     if kernels:
         o, s = pallas_triton.state_pass(*factors, s0, interpret=interpret)
     else:

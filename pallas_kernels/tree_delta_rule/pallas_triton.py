@@ -133,10 +133,11 @@ def _unit_lower_inverse(a, precision):
     return inv
 
 
-def _prepare_kernel(*refs, n, precision, gram_inside):
+def _prepare_kernel(*refs, n, precision, gram_inside, write_p):
     """Per (batch row, value head): G = anc g, then Tb and M tile by tile, each tile written out as soon as it is
     known. With `gram_inside` (blocks of one tile: a DFlash block of 16) the Gram tiles K_i K_j^T and Q_i K_j^T
-    are dots of this program's own Q and K rows; else they are read from the product made ahead of the kernel."""
+    are dots of this program's own Q and K rows; else they are read from the product made ahead of the kernel.
+    With `write_p` (a chain's blocks) the second output is P = D * Q K^T instead of M = P Tb."""
     dot = functools.partial(_dot, precision=precision)
     if gram_inside:
         q_ref, k_ref, g_ref, beta_ref, anc_ref, tb_ref, m_ref, G_ref = refs
@@ -170,7 +171,7 @@ def _prepare_kernel(*refs, n, precision, gram_inside):
         Tb[i, i] = inv_ii * beta_i[None, :]
         tb_ref[ri, ri] = Tb[i, i]
         for j in range(i + 1):
-            m_ref[ri, rows[j]] = sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
+            m_ref[ri, rows[j]] = P[j] if write_p else sum(dot(P[l], Tb[l, j]) for l in range(j, i + 1))
 
 
 def _row_tile(t):
@@ -218,9 +219,11 @@ def _apply_kernel(q_ref, k_ref, v_ref, s0_ref, G_ref, tb_ref, m_ref, o_ref, delt
     o_ref[ri, :] = o
 
 
-def _prepare(q, k, g, beta, anc, *, h, rep, interpret, precision, gram_inside, gram_precision, params, n):
+def _prepare(q, k, g, beta, anc, *, h, rep, interpret, precision, gram_inside, gram_precision, params, n,
+             write_p=False):
     """`_prepare_kernel` on padded blocks (q, k [B, n_pad, Hk, Dkp]; g, beta [B, n_pad, H]; anc [B, n_pad, n_pad]
-    fp32): Tb and M [B, H, n_pad, n_pad] and G [B, n_pad, H]. n: the real nodes (the kernel skips padded ones)."""
+    fp32): Tb and M (P with `write_p`) [B, H, n_pad, n_pad] and G [B, n_pad, H]. n: the real nodes (the kernel
+    skips padded ones)."""
     b, n_pad, _, dkp = q.shape
     f32 = jnp.float32
     # Prepare's grid: batch, value head. A key head's rows serve `rep` value heads; the node vectors of g,
@@ -244,7 +247,7 @@ def _prepare(q, k, g, beta, anc, *, h, rep, interpret, precision, gram_inside, g
         gram_args, gram_specs = (grams, grams), [key_gram, query_gram]
     square_f32 = jax.ShapeDtypeStruct((b, h, n_pad, n_pad), f32)
     return pl.pallas_call(
-        functools.partial(_prepare_kernel, n=n, precision=precision, gram_inside=gram_inside),
+        functools.partial(_prepare_kernel, n=n, precision=precision, gram_inside=gram_inside, write_p=write_p),
         out_shape=(square_f32, square_f32, jax.ShapeDtypeStruct((b, n_pad, h), f32)),
         grid=(b, h),
         in_specs=gram_specs + [nodes, nodes, tree],
@@ -335,7 +338,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, interpret=False, block_dv=None
 @functools.partial(jax.jit, static_argnames=("interpret", "precision", "gram_precision", "num_warps"))
 def block_factors(q, k, g, beta, *, interpret=False, precision="ieee", gram_precision="tf32x3", num_warps=4):
     """`reference.block_factors` by `_prepare_kernel`, for blocks of a chain: q, k [B, C, Hk, Dk], g, beta
-    [B, C, H], C a multiple of TILE up to MAX_N. Returns Tb, M [B, H, C, C] (zero above the diagonal) and G."""
+    [B, C, H], C a multiple of TILE up to MAX_N. Returns Tb, P [B, H, C, C] (zero above the diagonal) and G."""
     b, c, hk, dk = q.shape
     h = g.shape[2]
     if c % TILE or not supports(c):
@@ -345,23 +348,26 @@ def block_factors(q, k, g, beta, *, interpret=False, precision="ieee", gram_prec
     q, k = (jnp.pad(x.astype(f32), [(0, 0), (0, 0), (0, 0), (0, dkp - dk)]) for x in (q, k))
     low = jnp.tril(jnp.ones((c, c), bool))
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
-    tb, m, G = _prepare(q, k, g.astype(f32), beta.astype(f32), jnp.broadcast_to(low.astype(f32), (b, c, c)), h=h,
+    tb, p, G = _prepare(q, k, g.astype(f32), beta.astype(f32), jnp.broadcast_to(low.astype(f32), (b, c, c)), h=h,
                         rep=h // hk, interpret=interpret, precision=prec, gram_inside=c == TILE,
-                        gram_precision=gram_precision, params=pltriton.CompilerParams(num_warps=num_warps), n=c)
+                        gram_precision=gram_precision, params=pltriton.CompilerParams(num_warps=num_warps), n=c,
+                        write_p=True)
     # The kernel writes only the tiles on and below the diagonal.
-    return jnp.where(low, tb, 0.0), jnp.where(low, m, 0.0), G
+    return jnp.where(low, tb, 0.0), jnp.where(low, p, 0.0), G
 
 
-def _state_pass_kernel(w_ref, kdt_ref, tbv_ref, gl_ref, s0_ref, st_ref, s_ref, *, blocks, key_chunk, precision):
+def _state_pass_kernel(w_ref, kdt_ref, tbv_ref, gl_ref, s0_ref, st_ref, delta_ref, s_ref, *, blocks, key_chunk,
+                       precision):
     """One program per batch row, value head and slice of the value dim walks the chain's blocks in order, its
     state slice [Dk, block_dv] in registers as Dk / key_chunk pieces (every load is a [C, key_chunk] or [key_chunk,
-    C] tile, never a whole [C, Dk] one): Delta = Tb V - W S, the state entering block c to st_ref[c], and
-    S <- e^{G_last} S + Kd^T Delta."""
+    C] tile, never a whole [C, Dk] one): Delta = Tb V - W S to delta_ref[c], the state entering block c to
+    st_ref[c], and S <- e^{G_last} S + Kd^T Delta."""
     dot = functools.partial(_dot, precision=precision)
     pieces = [pl.ds(i * key_chunk, key_chunk) for i in range(s0_ref.shape[0] // key_chunk)]
 
     def block(c, s):
         delta = tbv_ref[c] - sum(dot(w_ref[c, :, ks], si) for ks, si in zip(pieces, s))
+        delta_ref[c] = delta
         for ks, si in zip(pieces, s):
             st_ref[c, ks, :] = si
         gl = gl_ref[c]
@@ -374,19 +380,22 @@ def _state_pass_kernel(w_ref, kdt_ref, tbv_ref, gl_ref, s0_ref, st_ref, s_ref, *
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_dv", "key_chunk", "precision", "num_warps",
                                              "num_stages"))
-def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_chunk=32, precision="tf32x3",
+def state_pass(w, eq, kdt, tbv, p, gl, s0, *, interpret=False, block_dv=32, key_chunk=32, precision="tf32x3",
                num_warps=4, num_stages=1):
-    """`reference.state_pass` as one kernel for the serial part of a chain, without a launch per block. w, u
-    [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv, mv [B, NB, H, C, Dv]; gl [B, NB, H]; s0
-    [B, H, Dk, Dv]; all fp32. The kernel's loop keeps only Delta = Tb V - W S and the state update, and writes the
-    state entering every block ([B, NB, H, Dk, Dv] fp32: 400 MB a layer of an 8K prefill); O = M V + U S is then one
-    batched product. block_dv: value columns per program; key_chunk: key dims per piece of the state (powers of two
-    >= 16). precision: of the products. num_stages: Triton's software pipelining of the loop over blocks.
+    """`reference.state_pass` as one kernel for the serial part of a chain, without a launch per block. w, eq
+    [B, NB, H, C, Dk]; kdt [B, NB, H, Dk, C] (Kd transposed); tbv [B, NB, H, C, Dv]; p [B, NB, H, C, C]; gl
+    [B, NB, H]; s0 [B, H, Dk, Dv]; all fp32. The kernel's loop keeps only Delta = Tb V - W S and the state update,
+    and writes Delta and the state entering every block ([B, NB, H, Dk, Dv] fp32: 400 MB a layer of an 8K prefill);
+    O = E Q S + P Delta is then two batched products. block_dv: value columns per program; key_chunk: key dims per
+    piece of the state (powers of two >= 16). precision: of the products. num_stages: Triton's software pipelining
+    of the loop over blocks.
     The defaults are the fastest variant at the real shape (8K tokens, 48 heads, Dk = Dv = 128) on an H100: with O
     inside the loop, tf32x3 at 32 columns and one stage took 2.65 ms a layer, against 3.71 for ieee at 16 columns
     with Triton's own pipelining (which asked for more shared memory than the card has at 32 columns in tf32x3 and
     at 64 in either); taking O out of the loop then gave 2.36 against 3.00 ms in another lease. The first version,
-    whole [C, Dk] tiles, took 108 ms a layer (bench/results/2026-12-06-h100-s61/ and -s62/)."""
+    whole [C, Dk] tiles, took 108 ms a layer (bench/results/2026-12-06-h100-s61/ and -s62/). Until session 66 the
+    pass wrote only the states, and O was M V + U S with M = P Tb and U = E Q - M E K: two more products and a
+    subtraction over the whole chain."""
     b, nb, h, c, dk = w.shape
     dv = tbv.shape[-1]
     if c % TILE or c != pl.next_power_of_2(c):
@@ -415,19 +424,22 @@ def state_pass(w, u, kdt, tbv, mv, gl, s0, *, interpret=False, block_dv=32, key_
     columns = lambda bi, hi, vi: (bi, 0, hi, 0, vi)
     state = pl.BlockSpec((None, None, dkp, block_dv), lambda bi, hi, vi: (bi, hi, 0, vi))
     prec = lax.Precision.HIGHEST if interpret else PRECISIONS[precision]
-    states, s = pl.pallas_call(
+    states, delta, s = pl.pallas_call(
         functools.partial(_state_pass_kernel, blocks=nb, key_chunk=key_chunk, precision=prec),
         out_shape=(jax.ShapeDtypeStruct((b, nbp, h, dkp, dvp), jnp.float32),
+                   jax.ShapeDtypeStruct((b, nbp, h, c, dvp), jnp.float32),
                    jax.ShapeDtypeStruct((b, h, dkp, dvp), jnp.float32)),
         grid=(b, h, dvp // block_dv),
         in_specs=[pl.BlockSpec((None, nbp, None, c, dkp), index), pl.BlockSpec((None, nbp, None, dkp, c), index),
                   pl.BlockSpec((None, nbp, None, c, block_dv), columns),
                   pl.BlockSpec((None, nbp, None), lambda bi, hi, vi: (bi, 0, hi)), state],
-        out_specs=[pl.BlockSpec((None, nbp, None, dkp, block_dv), columns), state],
+        out_specs=[pl.BlockSpec((None, nbp, None, dkp, block_dv), columns),
+                   pl.BlockSpec((None, nbp, None, c, block_dv), columns), state],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="chain_state_pass",
     )(w, kdt, tbv, gl, s0)
-    # O = M V + U S_in for every block at once, S_in the state entering the block
-    o = jnp.einsum("bnhck,bnhkv->bnhcv", u.astype(jnp.float32), states[:, :nb, :, :dk, :dv], precision=prec)
-    return mv.astype(jnp.float32) + o, s[:, :, :dk, :dv]
+    # O = E Q S_in + P Delta for every block at once, S_in the state entering the block
+    o = jnp.einsum("bnhck,bnhkv->bnhcv", eq.astype(jnp.float32), states[:, :nb, :, :dk, :dv], precision=prec)
+    o = o + jnp.einsum("bnhij,bnhjv->bnhiv", p.astype(jnp.float32), delta[:, :nb, :, :, :dv], precision=prec)
+    return o, s[:, :, :dk, :dv]

@@ -139,11 +139,12 @@ def recurrent_reference(q, k, v, g, beta, s0):
 
 def block_factors(q, k, g, beta, *, inverse=None):
     """What a block of a chain contributes whatever state enters it: q, k [B, C, Hk, Dk], g, beta [B, C, H].
-    With A, D and P as in the module docstring (A strictly lower, D and P lower-triangular on a chain):
+    With D as in the module docstring, A = diag(beta) (strict(D) * K K^T) and E = diag(e^G):
 
-        Tb = (I + A)^-1 diag(beta)    M = P Tb    [B, H, C, C];    G [B, C, H] the cumulative log-decay
+        Tb = (I + A)^-1 diag(beta)    P = D * Q K^T    [B, H, C, C];    G [B, C, H] the cumulative log-decay
 
-    so that, for a block entered at S0, Delta = Tb (V - E K S0) and O = E Q S0 + M (V - E K S0).
+    (P lower-triangular with its diagonal, Tb lower-triangular) so that, for a block entered at S0,
+    Delta = Tb (V - E K S0) and O = E Q S0 + P Delta.
     inverse: (I + L)^-1 for strictly lower L [..., C, C] (default: a triangular solve)."""
     f32 = jnp.float32
     q, k = (jnp.repeat(x.astype(f32), g.shape[2] // q.shape[2], 2) for x in (q, k))
@@ -161,24 +162,24 @@ def block_factors(q, k, g, beta, *, inverse=None):
         inv = jax.scipy.linalg.solve_triangular(eye + L, eye, lower=True, unit_diagonal=True)
     else:
         inv = inverse(L)
-    tb = inv * beta_h[..., None, :]
-    return tb, jnp.einsum("bhij,bhjk->bhik", D * qk, tb, precision=_HI), G
+    return inv * beta_h[..., None, :], D * qk, G
 
 
-def state_pass(w, u, kdt, tbv, mv, gl, s0):
+def state_pass(w, eq, kdt, tbv, p, gl, s0):
     """The serial part of a chain in blocks, block by block from s0 [B, H, Dk, Dv]: with the block's
-    W = Tb E K, U = E Q - M E K ([B, NB, H, C, Dk]), Kd^T = (e^{G_last - G} K)^T ([B, NB, H, Dk, C]), Tb V and M V
-    ([B, NB, H, C, Dv]) and gl = e^{G_last} [B, NB, H]:
+    W = Tb E K and E Q ([B, NB, H, C, Dk]), Kd^T = (e^{G_last - G} K)^T ([B, NB, H, Dk, C]), Tb V ([B, NB, H, C,
+    Dv]), P ([B, NB, H, C, C], `block_factors`) and gl = e^{G_last} [B, NB, H]:
 
-        Delta = Tb V - W S    O = M V + U S    S <- gl S + Kd^T Delta
+        Delta = Tb V - W S    O = E Q S + P Delta    S <- gl S + Kd^T Delta
 
     Returns O [B, NB, H, C, Dv] and the state after the last block."""
     def block(s, x):
-        w, u, kdt, tbv, mv, gl = x
+        w, eq, kdt, tbv, p, gl = x
         delta = tbv - jnp.einsum("bhck,bhkv->bhcv", w, s, precision=_HI)
-        o = mv + jnp.einsum("bhck,bhkv->bhcv", u, s, precision=_HI)
+        o = jnp.einsum("bhck,bhkv->bhcv", eq, s, precision=_HI) + jnp.einsum("bhij,bhjv->bhiv", p, delta,
+                                                                              precision=_HI)
         return gl[..., None, None] * s + jnp.einsum("bhkc,bhcv->bhkv", kdt, delta, precision=_HI), o
 
-    xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (w, u, kdt, tbv, mv, gl))
+    xs = tuple(jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (w, eq, kdt, tbv, p, gl))
     s, o = jax.lax.scan(block, s0.astype(jnp.float32), xs)
     return jnp.moveaxis(o, 0, 1), s
