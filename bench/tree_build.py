@@ -33,6 +33,7 @@ from bench.harness import git_info, machine_info, parse_contexts, versions
 from bench.profile import load_events, trace
 from bench.rounds import back_to_back
 from jaxspec import ddtree
+from jaxspec.sharding import claim_device_memory
 from pallas_kernels import dispatch
 
 
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="plain", help="plain and/or materialized (default: %(default)s)")
     args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--out", args.out)
+    claim_device_memory()      # 90% of the GPU, as the other benches (JAX's default is 75%)
     if args.hlo_dir:    # a directory, made if missing (was: FileExistsError after the first budget's timing)
         writable_dir(ap, "--hlo-dir", args.hlo_dir, Path(args.hlo_dir))
     budgets = parse_contexts(ap, "--budgets", args.budgets, "tree budgets")   # or an error naming the flag

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench import harness, profile
+from jaxspec.sharding import FRACTION_VARS, MEM_FRACTION
 
 
 def _positive(d: dict, *keys):
@@ -332,6 +333,9 @@ def test_tree_build_bench_times_each_budget(tmp_path, monkeypatch, capsys):
     from bench import tree_build
     from jaxspec import ddtree
     monkeypatch.setenv("JAXSPEC_DDTREE_TOP_K", "count")
+    for v in FRACTION_VARS:       # unset for this test and restored after it (the bench sets one)
+        monkeypatch.setenv(v, "")
+        monkeypatch.delenv(v)
     out = tmp_path / "tb.json"
     assert tree_build.main(["--vocab", "300", "--depth", "3", "--budgets", "7,8", "--k", "2", "--out", str(out),
                             "--kernels", "3", "--hlo-dir", str(tmp_path / "hlo"), "--variants", "plain,materialized"]) == 0
@@ -350,6 +354,7 @@ def test_tree_build_bench_times_each_budget(tmp_path, monkeypatch, capsys):
     assert 0 < len(top) <= 3 and top[0]["us_per_call"] >= top[-1]["us_per_call"] > 0
     assert "HloModule" in (tmp_path / "hlo" / "tree_build_b8.hlo.txt").read_text()
     assert res["top_k"] == "count"
+    assert res["machine"]["mem_fraction"] == MEM_FRACTION      # 90% of the GPU, as the other benches
     with pytest.raises(SystemExit):
         tree_build.main(["--budgets", "0"])
     assert "--budgets" in capsys.readouterr().err
