@@ -3,6 +3,7 @@
 # E Q S_in + P Delta (no M = P Tb, no U = E Q - M E K, no M V). Its GPU tests and the GDN inputs op's (owed since
 # 5cd45aa), then the 8K one-piece prefill before (3a867c9, carried as `_alt/`, made with `git archive 3a867c9
 # jaxspec pallas_kernels bench ':!bench/results' ':!jaxspec/demo'`) and after, twice each, alternating.
+# NEW_TREE=DIR times the "after" tree from DIR (an archive of a commit, carried) instead of the working tree.
 #   OUT=... bash bench/next/s66b.sh [tests|ab]   (no argument: both; -> $OUT/gpu.txt, $OUT/gpu-tests-*.log,
 #                                                 $OUT/ab-*.{json,log})
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
@@ -17,7 +18,7 @@ if [ "$1" != ab ]; then
 fi
 if [ "$1" != tests ]; then
   for run in old-1 new-1 old-2 new-2; do
-    tree=$([ ${run%-*} = old ] && echo _alt || echo .)
+    tree=$([ ${run%-*} = old ] && echo _alt || echo ${NEW_TREE:-.})
     (cd $tree && PYTHONPATH=. timeout 110 python -m bench.harness --config real --contexts '' --prompt 8192 \
       --prefill-iters 5 --ceiling-iters 3 --out $OUT/ab-$run.json > $OUT/ab-$run.log 2>&1)
     echo "$run rc=$?"; grep -E "^\[ *[0-9.]+s\] prefill P=8192.*ms" $OUT/ab-$run.log | cut -c1-150
