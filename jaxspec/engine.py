@@ -300,8 +300,33 @@ _SPEC_FIELDS = ("vocab_size", "hidden_size", "num_layers")
 
 
 # Prompt tokens per compiled prefill piece (`Engine(prefill_chunk=)`, generate's --prefill-chunk): the prompt runs as
-# pieces of this many tokens, the last one as short as its tail needs (16, 32, ...).
-PREFILL_CHUNK = 256
+# pieces of this many tokens, then its tail in powers of two (`prefill_pieces`). An 8K prompt on the H200 took
+# 1128.49 ms in pieces of 256 and 938.13 in pieces of 1024 (bench/results/2026-12-06-h200-s63/): each piece reads
+# every weight once and its prefix through the tree kernel. 256 was the default until session 66.
+PREFILL_CHUNK = 1024
+# A tail piece is rounded up to a power of two when that pads at most this many tokens; else it is the largest power
+# of two that fits and the rest follows. A piece reads every weight once, which on an H100 / H200 takes about as
+# long as ~150 tokens of its products (matmul rate / memory bandwidth): more padding than that costs more than
+# another call.
+TAIL_PAD = 128
+
+
+def prefill_pieces(longest: int, chunk: int) -> list[int]:
+    """The lengths of the prefill's pieces for a prompt of `longest` tokens: `chunk` while the rest is that long,
+    then powers of two >= 16 (at most `chunk`), the last one padding at most TAIL_PAD tokens unless it is 16. Each
+    length compiles once; all are powers of two or `chunk`, so prompts of any length share a few compiles."""
+    sizes, rest = [], longest
+    while rest > 0:
+        up = max(16, 1 << (rest - 1).bit_length())
+        if rest >= chunk:
+            p = chunk
+        elif up - rest <= TAIL_PAD or up == 16:
+            p = min(up, chunk)
+        else:
+            p = 1 << (rest.bit_length() - 1)        # the largest power of two <= rest
+        sizes.append(p)
+        rest -= p
+    return sizes
 
 
 class Engine:
@@ -457,12 +482,10 @@ class Engine:
         lens = np.array([len(p) for p in prompts], np.int32)
         if lens.max() >= max_len:
             raise ValueError(f"prompt of {lens.max()} tokens does not fit the context of {max_len} tokens")
-        # Pieces of p tokens; the last one only as long as the prompt's tail needs (16, 32, ... p: the
-        # lengths shorter prompts compile anyway), not a whole piece of padding.
-        longest = int(lens.max())
-        piece = lambda rest: min(self.prefill_chunk, max(16, 1 << (rest - 1).bit_length()))
-        starts = list(range(0, longest, piece(longest)))
-        sizes = [piece(longest - c) for c in starts]
+        # Pieces of prefill_chunk tokens, then the tail in powers of two (the lengths shorter prompts compile
+        # anyway), not a whole piece of padding.
+        sizes = prefill_pieces(int(lens.max()), self.prefill_chunk)
+        starts = np.cumsum([0] + sizes[:-1]).tolist()
         toks = np.zeros((b, starts[-1] + sizes[-1]), np.int32)
         for i, pr in enumerate(prompts):
             toks[i, :len(pr)] = pr

@@ -123,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"MTP: tokens the checkpoint's own MTP head drafts per round (default: {MTP_TOKENS})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prompt tokens per compiled prefill piece (default: 256, the engine's PREFILL_CHUNK). Longer "
+                   help="prompt tokens per compiled prefill piece (default: 1024, the engine's PREFILL_CHUNK). Longer "
                         "pieces read the weights fewer times and take more memory for their activations; each piece "
                         "length compiles once")
     p.add_argument("--max-len", type=int, default=None,

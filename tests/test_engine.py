@@ -47,6 +47,30 @@ def test_greedy_matches_transformers_and_batch_matches_single(tiny):
     assert batch.tau == 1.0
 
 
+def test_prefill_pieces_cover_the_prompt_with_little_padding():
+    """The prefill's piece lengths: whole pieces, then the tail in powers of two padding at most TAIL_PAD tokens
+    (or up to a piece of 16), never longer than the piece, so every length is one of a few compiles."""
+    from jaxspec.engine import TAIL_PAD, prefill_pieces
+    assert prefill_pieces(8192, 1024) == [1024] * 8
+    assert prefill_pieces(600, 1024) == [512, 128]       # not one piece of 1024 with 424 tokens of padding
+    assert prefill_pieces(1000, 1024) == [1024] and prefill_pieces(5, 1024) == [16]
+    for chunk in (1, 16, 256, 300, 1024):
+        for n in range(1, 2100):
+            sizes = prefill_pieces(n, chunk)
+            assert n <= sum(sizes) <= n + max(TAIL_PAD, 15), (n, chunk, sizes)
+            assert all(p == chunk or (p <= chunk and p & (p - 1) == 0) for p in sizes), (n, chunk, sizes)
+            assert sizes == sorted(sizes, reverse=True), (n, chunk, sizes)
+
+
+def test_prompt_in_uneven_pieces_matches_transformers(tiny):
+    """A prompt of 300 tokens runs as pieces of 256 and 64 by default (prefill_pieces): greedy still decodes
+    transformers' tokens, alone and beside a short prompt that ends in the first piece."""
+    hf, model = tiny
+    long, short = np.random.RandomState(1).randint(0, 512, size=300).tolist(), _prompts()[1]
+    got = Engine(model).generate([long, short], 6).tokens
+    assert got == [_hf_greedy(hf, long, 6), _hf_greedy(hf, short, 6)]
+
+
 @pytest.mark.parametrize("layer_types", [["linear_attention"] * 2, ["full_attention"] * 2])
 def test_models_of_one_layer_type(tmp_path, layer_types):
     """No full-attention layer means no KV cache and no length limit: generation still runs to max_new."""
