@@ -19,8 +19,11 @@ fi
 if [ "$1" != tests ]; then
   for run in old-1 new-1 old-2 new-2; do
     tree=$([ ${run%-*} = old ] && echo _alt || echo ${NEW_TREE:-.})
-    (cd $tree && PYTHONPATH=. timeout 110 python -m bench.harness --config real --contexts '' --prompt 8192 \
-      --prefill-iters 5 --ceiling-iters 3 --out $OUT/ab-$run.json > $OUT/ab-$run.log 2>&1)
-    echo "$run rc=$?"; grep -E "^\[ *[0-9.]+s\] prefill P=8192.*ms" $OUT/ab-$run.log | cut -c1-150
+    # new-1 also times Engine.prefill in pieces of 256 (the default until 4bb227c) and 1024 (the default since)
+    chunks=$([ $run = new-1 ] && echo "--prefill-chunks 256,1024")
+    (cd $tree && PYTHONPATH=. timeout $([ $run = new-1 ] && echo 200 || echo 110) python -m bench.harness \
+      --config real --contexts '' --prompt 8192 --prefill-iters 5 --ceiling-iters 3 $chunks --out $OUT/ab-$run.json \
+      > $OUT/ab-$run.log 2>&1)
+    echo "$run rc=$?"; grep -E "^\[ *[0-9.]+s\] (engine )?prefill P=8192.*ms" $OUT/ab-$run.log | cut -c1-150
   done
 fi
