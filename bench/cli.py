@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 
 
 def at_least(low: int, kind=int):
-    """An argparse `type` that takes numbers >= low (its message names the bound; argparse names the flag)."""
+    """An argparse `type` that takes finite numbers >= low (its message names the bound; argparse names the flag)."""
     def parse(text: str):
         try:
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if isinstance(v, float) and not math.isfinite(v):     # nan < low is False: refused here, not by the bound
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {low}, got {text}")
         if v < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
         return v

@@ -47,11 +47,11 @@ import numpy as np
 from flax import nnx
 
 from bench import profile
-from bench.cli import StagedResult, at_least, writable_file, write_json
+from bench.cli import StagedResult, at_least, writable_dir, writable_file, write_json
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.provenance import git_info
-from jaxspec.sharding import FRACTION_VARS, claim_device_memory
+from jaxspec.sharding import FRACTION_VARS, claim_device_memory, room_problem
 from jaxspec.tree import chain
 from pallas_kernels import dispatch
 
@@ -91,15 +91,29 @@ def resolve_config(name: str, dtype: str) -> tuple[str, TargetConfig]:
 # ---------------------------------------------------------------------------------------------- timing
 
 def parse_contexts(ap, flag: str, text: str, what: str = "token counts") -> list[int]:
-    """Positive integers (`what` they count) from a comma-separated flag value, or the parser's error naming the
-    flag."""
+    """Distinct positive integers below 2**31 (`what` they count; the device's lengths are int32) from a
+    comma-separated flag value, or the parser's error naming the flag."""
     try:
         contexts = [int(c) for c in text.split(",") if c]
     except ValueError:
         ap.error(f"{flag}: expected integers separated by commas, got {text!r}")
     if not contexts or min(contexts) < 1:
         ap.error(f"{flag}: expected positive {what}, got {text!r}")
+    if max(contexts) >= 2**31:
+        ap.error(f"{flag}: expected {what} below 2**31 = {2**31}, got {text!r}")
+    if len(set(contexts)) < len(contexts):
+        twice = sorted({c for c in contexts if contexts.count(c) > 1})
+        ap.error(f"{flag}: {', '.join(map(str, twice))} given more than once in {text!r}; give each once")
     return contexts
+
+
+def context_limit(ap, flag: str, length: int, after: int, what: str, bound: int) -> None:
+    """The parser's error naming `flag` where `length` tokens and the `after` tokens past them (`what` those are)
+    exceed the model's context limit `bound` (its config's max_position_embeddings; 0: none), which Engine.generate
+    refuses for a prompt and its new tokens (jaxspec.engine.context_problem): a setup no generation can run."""
+    if bound and length + after > bound:
+        ap.error(f"{flag} {length}: + {after} {what} exceeds the model's context limit (max_position_embeddings "
+                 f"{bound}); at most {bound - after}")
 
 
 def summarize(ms) -> dict:
@@ -593,12 +607,22 @@ def run_breakdown(graphdef, cfg, params, pbytes, batch, context, max_len, warmup
 
 # ------------------------------------------------------------------------------------------------ runs
 
+def decode_steps(args) -> int:
+    """The most decode steps run_decode takes at one context (each commits a token): --warmup, --iters,
+    --pipelined, --profile-steps and the device loop's calls (one untimed, then --loop-iters)."""
+    loop_calls = 1 + args.loop_iters if args.loop_steps else 0
+    return args.warmup + args.iters + args.pipelined + args.profile_steps + loop_calls * args.loop_steps
+
+
+def decode_max_len(args, context: int) -> int:
+    """The cache slots of run_decode's state at `context`: room for its steps, in a multiple of 128."""
+    return context + -(-(decode_steps(args) + 16) // 128) * 128
+
+
 def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, context, dump) -> dict:
     b = args.batch
     loop_calls = 1 + args.loop_iters if args.loop_steps else 0
-    total_steps = args.warmup + args.iters + args.pipelined + args.profile_steps + loop_calls * args.loop_steps
-    slack = -(-(total_steps + 16) // 128) * 128
-    max_len = context + slack
+    max_len = decode_max_len(args, context)
     state = random_state(cfg, b, max_len, context)
     tok = random_tokens(cfg, b, 1, 4)
     step = make_decode_step(graphdef, cfg, b)
@@ -804,7 +828,10 @@ def past_deadline(args) -> bool:
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and each flag's default after its help."""
+    """The module docstring as written, and each optional flag's default after its help (a required one has none)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.required else super()._get_help_string(action)
 
 
 def parse_args(argv=None):
@@ -828,7 +855,7 @@ def parse_args(argv=None):
     ap.add_argument("--prefill-chunks", default="", help="comma-separated piece lengths: also time the prompt "
                     "through the engine's own prefill (Engine.prefill, generate's --prefill-chunk) in pieces of each "
                     "length, after one untimed call ('': none)")
-    ap.add_argument("--copy-gib", type=float, default=4.0, help="copy-bandwidth buffer size (GiB, > 0)")
+    ap.add_argument("--copy-gib", type=at_least(0, float), default=4.0, help="copy-bandwidth buffer size (GiB, > 0)")
     ap.add_argument("--matmul-n", type=at_least(1), default=8192, help="size n of the n x n x n bf16 matmul ceiling")
     ap.add_argument("--ceiling-iters", type=at_least(1), default=20,
                     help="timed calls of each ceiling (copy, read, matmul)")
@@ -839,8 +866,8 @@ def parse_args(argv=None):
     ap.add_argument("--breakdown", action="store_true", help="time attention / GDN / MLP / head alone "
                     "(at the largest context)")
     ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="skip optional phases (each context's "
-                    "profile and device loop, prefill, breakdown) once this many seconds have passed, listing them "
-                    "in the result's 'skipped' (0: never)")
+                    "profile and device loop, prefill, each --prefill-chunks engine prefill, breakdown) once this many "
+                    "seconds have passed, listing them in the result's 'skipped' (0: never)")
     ap.add_argument("--dump-dir", default=None, help="with --profile-steps / --profile-prefill: write each traced "
                     "call's trace and optimized HLO here (trace_decode_CTX.xplane.pb, hlo_decode_CTX.txt.gz; "
                     "trace_prefill_P..., hlo_prefill_P...)")
@@ -849,6 +876,10 @@ def parse_args(argv=None):
     ap.add_argument("--log", default=None, help="also append the progress lines to this file")
     args = dispatch.parse_args(ap, argv)
     args.contexts = parse_contexts(ap, "--contexts", args.contexts) if args.contexts.strip(", ") else []
+    if args.profile_steps and not args.contexts:
+        ap.error(f"--profile-steps {args.profile_steps} traces decode steps: give --contexts")
+    if args.loop_steps and not args.contexts:
+        ap.error(f"--loop-steps {args.loop_steps} times decode steps: give --contexts")
     if not args.copy_gib > 0:
         ap.error(f"--copy-gib: must be > 0, got {args.copy_gib}")
     if args.profile_prefill and not args.prompt:
@@ -861,12 +892,22 @@ def parse_args(argv=None):
         ap.error("--breakdown times the parts at the largest context: give --contexts")
     writable_file(ap, "--out", args.out)
     writable_file(ap, "--log", args.log)
-    if args.dump_dir is not None and Path(args.dump_dir).exists() and not Path(args.dump_dir).is_dir():
-        ap.error(f"--dump-dir {args.dump_dir}: not a directory")
+    if args.dump_dir is not None:
+        if not (args.profile_steps or args.profile_prefill):
+            ap.error(f"--dump-dir {args.dump_dir}: it holds the traces of --profile-steps / --profile-prefill; "
+                     "give one of them")
+        writable_dir(ap, "--dump-dir", args.dump_dir, Path(args.dump_dir))
     try:
-        resolve_config(args.config, args.dtype)
+        _, cfg = resolve_config(args.config, args.dtype)
     except ConfigError as e:
         ap.error(f"--config: {e}")
+    # A length the model's config refuses (Engine.generate would) is a setup no generation runs: refused, not timed.
+    bound = cfg.max_position_embeddings
+    if args.contexts:
+        context_limit(ap, "--contexts", max(args.contexts), decode_steps(args) + 1,
+                      "generated tokens (the first, then one per timed decode step)", bound)
+    if args.prompt:
+        context_limit(ap, "--prompt", args.prompt, 1, "generated token (the prefill's)", bound)
     return args
 
 
@@ -878,6 +919,18 @@ def main(argv=None) -> dict:
     if args.log:
         _LOG[:] = [open(args.log, "a")]
     name, cfg = resolve_config(args.config, args.dtype)
+    if args.contexts:
+        # The weights and the longest context's decode state at once: where they cannot fit, stop before any timing
+        # (was: a JAX out-of-memory traceback after the ceilings and the weights).
+        ctx, max_len = max(args.contexts), decode_max_len(args, max(args.contexts))
+        weights = nnx.split(nnx.eval_shape(lambda: M.Qwen35(cfg, rngs=nnx.Rngs(0))))[1]
+        if problem := room_problem(weights, None, f"the weights of --config {args.config}"):
+            raise SystemExit(f"error: {problem}")
+        problem = room_problem((weights, jax.eval_shape(lambda: M.init_state(cfg, args.batch, max_len))), None,
+                               f"the weights and a decode state of max_len {max_len} (the longest --contexts {ctx} "
+                               f"and the timed steps' room, --batch {args.batch})")
+        if problem:
+            raise SystemExit(f"error: {problem}; time fewer or shorter --contexts values")
     dump = Path(args.dump_dir) if args.dump_dir else None
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)

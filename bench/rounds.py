@@ -142,6 +142,35 @@ def positive_ints(ap, flag: str, text: str, example: str, empty_ok: bool = False
     return values
 
 
+def pair_configs(config: str, dtype: str):
+    """(target config, drafter config) for --config: 'demo' (the demo pair's shapes), 'real' (Qwen3.6-27B + z-lab's
+    drafter), 'tiny', or a model directory / config.json (its target with the tiny drafter). ConfigError if none."""
+    if config == "demo":
+        # The demo pair's shapes (jaxspec/demo: the trained target and drafter's configs; random weights).
+        from jaxspec.drafter_config import load_drafter_config
+        from jaxspec.generate import demo_dir
+        _, cfg = H.resolve_config(str(demo_dir() / "target" / "config.json"), dtype)
+        return cfg, load_drafter_config(demo_dir() / "drafter" / "config.json", dtype=dtype)
+    _, cfg = H.resolve_config(config, dtype)
+    return cfg, qwen36_27b_dflash(dtype) if config == "real" else tiny_drafter(cfg)
+
+
+def timed_room(groups, k: int, rounds: int, ar_rounds: int, block: int, round_budgets, mtp_tokens) -> dict:
+    """{what: slots} the timed calls of each phase take past the context, each starting from a fresh state at it;
+    the cache needs the longest context + 2 + the most of them. The tree build timings (--budgets) read only the
+    drafter's logits, not the cache."""
+    room = {"the AR step's 3 + 5 x --k calls": 3 + 5 * k}
+    trees_used = [block] if groups & {"dflash", "ddtree"} else []
+    trees_used += list(round_budgets) if "ddtree" in groups else []
+    trees_used += [max(mtp_tokens)] if "mtp" in groups and mtp_tokens else []
+    if trees_used:        # k commits of up to a block each, the rounds of the largest tree run
+        room[f"(--k + 1) blocks of {block} + --rounds x (largest tree {max(trees_used)} + 1)"] = \
+            (k + 1) * block + rounds * (max(trees_used) + 1)
+    if "ar" in groups:    # the AR loop's calls (H.engine_rounds: 2 untimed + 4 x (1 + 4) timed) commit a token a round
+        room["the AR loop's 22 calls x --ar-rounds"] = 22 * ar_rounds
+    return room
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.rounds", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,22 +180,24 @@ def main(argv=None):
                          "shape with the tiny drafter)")
     ap.add_argument("--context", default="1024",
                     help="committed tokens before the timed rounds; a comma list (1024,32768,131072) times every "
-                         "phase at each, with one cache length (the largest) so each function compiles once")
+                         "phase at each, with one cache length (the largest) so each function compiles once "
+                         "(default: %(default)s)")
     ap.add_argument("--budgets", default="16,32,64,128,256,512",
                     help="DDTree budgets for tree build timing (default: %(default)s; the ddtree group without "
                          "--rounds-only)")
     ap.add_argument("--round-budget", default="64",
                     help="DDTree budget of the timed round; a comma list (63,64,79) times a round at each, in one "
-                         "process (phases ddtree{B}_round)")
+                         "process (phases ddtree{B}_round; default: %(default)s)")
     ap.add_argument("--rounds", type=at_least(1), default=10, help="rounds per device loop call (default: %(default)s)")
     ap.add_argument("--ar-rounds", type=at_least(1), default=100,
                     help="rounds per call of the AR device loop (default: %(default)s; Engine.generate runs a whole "
                          "generation in one call, so its fixed host work per call is spread over its tokens)")
     ap.add_argument("--k", type=at_least(1), default=20,
                     help="back-to-back calls per phase timing (default: %(default)s)")
-    ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time")
+    ap.add_argument("--mtp-tokens", default="1,3,5", help="MTP draft tokens per round to time (default: %(default)s)")
     ap.add_argument("--phases", default="ar,dflash,ddtree,mtp",
-                    help="groups to time: ar (the AR device loop), dflash, ddtree, mtp; the AR step always runs")
+                    help="groups to time: ar (the AR device loop), dflash, ddtree, mtp; the AR step always runs "
+                         "(default: %(default)s)")
     ap.add_argument("--rounds-only", action="store_true",
                     help="skip the standalone verify / accept+commit / tree-build timings (the whole rounds, the AR "
                          "step and the draft steps still run): about half the run time")
@@ -210,15 +241,7 @@ def main(argv=None):
         ap.error("--trace-rounds needs the dflash or ddtree group in --phases")
 
     try:
-        if args.config == "demo":
-            # The demo pair's shapes (jaxspec/demo: the trained target and drafter's configs; random weights).
-            from jaxspec.drafter_config import load_drafter_config
-            from jaxspec.generate import demo_dir
-            _, cfg = H.resolve_config(str(demo_dir() / "target" / "config.json"), args.dtype)
-            dcfg = load_drafter_config(demo_dir() / "drafter" / "config.json", dtype=args.dtype)
-        else:
-            _, cfg = H.resolve_config(args.config, args.dtype)
-            dcfg = qwen36_27b_dflash(args.dtype) if args.config == "real" else tiny_drafter(cfg)
+        cfg, dcfg = pair_configs(args.config, args.dtype)
     except ConfigError as e:
         ap.error(f"--config {args.config!r}: {e}")
     budgets = positive_ints(ap, "--budgets", args.budgets, "16 or 16,32,64", empty_ok=True)
@@ -226,17 +249,13 @@ def main(argv=None):
     mtp_tokens = positive_ints(ap, "--mtp-tokens", args.mtp_tokens, "1 or 1,3,5", empty_ok=True)
     bs = dcfg.block_size
     contexts = H.parse_contexts(ap, "--context", args.context)
-    # Room for the timed calls past the longest context, the most any one of them takes (each starts from a fresh
-    # state at the context). The tree build timings (--budgets) read only the drafter's logits, not the cache.
-    room = {"the AR step's 3 + 5 x --k calls": 3 + 5 * args.k}
-    trees_used = ([bs] if groups & {"dflash", "ddtree"} else []) + (round_budgets if "ddtree" in groups else []) \
-        + ([max(mtp_tokens)] if "mtp" in groups and mtp_tokens else [])
-    if trees_used:        # k commits of up to a block each, the rounds of the largest tree run
-        room[f"(--k + 1) blocks of {bs} + --rounds x (largest tree {max(trees_used)} + 1)"] = \
-            (args.k + 1) * bs + args.rounds * (max(trees_used) + 1)
-    if "ar" in groups:    # the AR loop's calls (H.engine_rounds: 2 untimed + 4 x (1 + 4) timed) commit a token a round
-        room["the AR loop's 22 calls x --ar-rounds"] = 22 * args.ar_rounds
+    # Room for the timed calls past the longest context, the most any one of them takes.
+    room = timed_room(groups, args.k, args.rounds, args.ar_rounds, bs, round_budgets, mtp_tokens)
     need = max(contexts) + 2 + max(room.values())
+    # Past the model's context limit (Engine.generate refuses it) no generation runs: refused, not timed. The slots
+    # the timed calls take are counted as its tokens (at most a tree more).
+    H.context_limit(ap, "--context", max(contexts), need - max(contexts), "slots the timed calls take past it",
+                    cfg.max_position_embeddings)
     max_len = args.max_len or max(max(contexts) + 64 * args.rounds * 8 + 1100, need)
     if max_len < need:
         ap.error(f"--max-len {max_len}: the timed calls need {need} slots (context {max(contexts)} + 2 + the most "

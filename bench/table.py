@@ -24,10 +24,10 @@ Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for
 context), the ratio to the roofline (weight bytes / 4.30 TB/s, the H200's measured device-to-device copy rate; 11.9 ms at
 the real shape: 51.25 GB of weights) and the tokens/s the rounds imply at --tau (default 9.18: z-lab's HumanEval acceptance length for
 Qwen3.5-27B + DFlash). Only parts that succeed in this run give rows: a part that fails or runs out of
---deadline-s leaves its rows "not measured" (its JSON from an earlier run in DIR is deleted before the parts start)
-and the command exits 1; the parts already done stay in DIR. In an existing DIR only the table's own files are
-replaced (the parts' JSONs and logs, table.*). Only --config tiny times the CPU-sized kernels (a small vocabulary, one
-layer); 'real' or a config.json path, the real ones.
+--deadline-s leaves its rows "not measured" (its JSON from an earlier run in DIR is deleted before the parts start,
+as is an earlier table.md / table.json) and the command exits 1; the parts already done stay in DIR. In an existing
+DIR only the table's own files are replaced (the parts' JSONs and logs, table.*). Only --config tiny times the
+CPU-sized kernels (a small vocabulary, one layer); 'real' or a config.json path, the real ones.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 
 from bench.cli import at_least, writable_dir, write_json
-from bench.harness import parse_contexts, resolve_config
+from bench.harness import context_limit, parse_contexts, resolve_config
+from bench.rounds import pair_configs, timed_room
 from jaxspec.config import ConfigError
 from jaxspec.files import write_atomic
 from jaxspec.provenance import git_info
@@ -265,8 +266,8 @@ def main(argv=None) -> int:
                     help="rounds per device-loop call (bench.rounds; default: %(default)s)")
     ap.add_argument("--ar-rounds", type=at_least(1), default=100,
                     help="rounds per call of the AR device loop (bench.rounds; default: %(default)s)")
-    ap.add_argument("--tau", type=at_least(0, float), default=9.18,
-                    help="acceptance length for the tokens/s column (default: %(default)s)")
+    ap.add_argument("--tau", type=at_least(1, float), default=9.18,
+                    help="acceptance length (tokens per round, >= 1) for the tokens/s column (default: %(default)s)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="which parts to run (comma-separated; default: all, %(default)s)")
     ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="stop starting parts after this many "
@@ -283,22 +284,40 @@ def main(argv=None) -> int:
     if parts - set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
     contexts = parse_contexts(ap, "--contexts", args.contexts)
+    prefix = max(contexts) if args.attention_prefix == 0 else args.attention_prefix
+    skips = {"attention": f"--attention-prefix {args.attention_prefix}" if prefix < 0 else None,
+             "prefill": f"--prefill {args.prefill}" if args.prefill <= 0 else None}
+    if not parts - {name for name, flag in skips.items() if flag}:     # was: an empty table, exit 0
+        ap.error(f"--parts {args.parts!r}: no part left to run ("
+                 + ", ".join(f"{flag} skips {name}" for name, flag in skips.items() if flag and name in parts) + ")")
     try:
-        resolve_config(args.config, args.dtype)
+        _, target = resolve_config(args.config, args.dtype)      # the config every part takes ('demo' is not one)
+        drafter = pair_configs(args.config, args.dtype)[1]
     except ConfigError as e:
         ap.error(f"--config {args.config!r}: {e}")
+    # What the parts would refuse after minutes of others (bench.rounds' --context and bench.harness' --prompt past
+    # the model's context limit), refused before any part starts.
+    if "rounds" in parts:
+        after = 2 + max(timed_room({"ar", "dflash", "ddtree"}, args.k, args.rounds, args.ar_rounds,
+                                   drafter.block_size, [args.budget], []).values())
+        context_limit(ap, "--contexts", max(contexts), after, "slots bench.rounds' timed calls take past it",
+                      target.max_position_embeddings)
+    if "prefill" in parts and args.prefill > 0:
+        context_limit(ap, "--prefill", args.prefill, 1, "generated token (the prefill's)",
+                      target.max_position_embeddings)
     check_out(ap, args.out)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in parts:           # an earlier run's JSON is never read as this run's
-        (out / JSONS[name]).unlink(missing_ok=True)
+    # An earlier run's JSON is never read as this run's, and its table never sits beside this run's parts (were this
+    # run to stop before its own table is written).
+    for name in [JSONS[p] for p in parts] + ["table.md", "table.json"]:
+        (out / name).unlink(missing_ok=True)
     t0 = time.perf_counter()
     left = lambda: (args.deadline_s - (time.perf_counter() - t0)) if args.deadline_s else 1e9
     ran = {}
-    prefix = max(contexts) if args.attention_prefix == 0 else args.attention_prefix
 
     def part(name, cmd):
-        if name not in parts or (name == "attention" and prefix < 0) or (name == "prefill" and args.prefill <= 0):
+        if name not in parts or skips.get(name):
             return
         if left() <= 1:
             ran[name] = dict(rc="past the deadline, not started")

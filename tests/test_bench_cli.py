@@ -19,7 +19,11 @@ def parser():
 @pytest.mark.parametrize("argv, message", [(["--k", "0"], "--k: must be >= 1, got 0"),
                                            (["--k", "x"], "--k: expected an integer, got 'x'"),
                                            (["--lr", "-1"], "--lr: must be >= 0, got -1"),
-                                           (["--lr", "a"], "--lr: expected a number, got 'a'")])
+                                           (["--lr", "a"], "--lr: expected a number, got 'a'"),
+                                           # was: accepted (nan < 0 is False), failing later or never ending
+                                           (["--lr", "nan"], "--lr: must be a finite number >= 0, got nan"),
+                                           (["--lr", "inf"], "--lr: must be a finite number >= 0, got inf"),
+                                           (["--lr", "1e400"], "--lr: must be a finite number >= 0, got 1e400")])
 def test_at_least_names_the_flag_and_the_bound(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         parser().parse_args(argv)

@@ -39,10 +39,19 @@ def _refused(main, argv, flag, capsys):
                                        (["--profile-prefill"], "--profile-prefill"),
                                        (["--prefill-chunks", "64"], "--prefill-chunks"),
                                        (["--prompt", "8", "--prefill-chunks", "0"], "--prefill-chunks"),
-                                       (["--config", "nosuch"], "--config"), (["--out", "DIR"], "--out")])
+                                       (["--config", "nosuch"], "--config"), (["--out", "DIR"], "--out"),
+                                       # were: accepted, then measured twice / an OverflowError / a hang or error
+                                       (["--contexts", "16,16"], "--contexts"),
+                                       (["--contexts", "2147483648"], "--contexts"),
+                                       (["--copy-gib", "inf"], "--copy-gib"),
+                                       # were: no decode to apply to, yet recorded in the JSON as if applied
+                                       (["--contexts", "", "--profile-steps", "1"], "--profile-steps"),
+                                       (["--contexts", "", "--loop-steps", "2"], "--loop-steps"),
+                                       (["--dump-dir", "DIR/d"], "--dump-dir"),
+                                       (["--contexts", "", "--prompt", "8", "--dump-dir", "DIR/d"], "--dump-dir")])
 def test_harness_refuses_nonsense_before_timing(tmp_path, capsys, bad, flag):
     out = tmp_path / "h.json"
-    bad = [str(tmp_path) if a == "DIR" else a for a in bad]
+    bad = [a.replace("DIR", str(tmp_path)) for a in bad]
     _refused(harness.main, SMALL + ["--contexts", "16", "--out", str(out)] + bad, flag, capsys)
     assert not out.exists()
 
@@ -109,6 +118,52 @@ def test_harness_help_documents_every_flag_and_its_default(capsys):
     for flag in ("--batch", "--warmup", "--prefill-warmup", "--prefill-iters", "--matmul-n", "--ceiling-iters"):
         assert flag in opts and "(default:" in opts[flag], (flag, opts.get(flag))
     assert "(default: 8192)" in opts["--matmul-n"] and "device loop" in opts["--deadline-s"]
+    assert "--prefill-chunks" in opts["--deadline-s"]               # it skips those engine prefills too
+    assert "(default:" not in opts["--out"]                         # required: was "(default: None)"
+
+
+def test_harness_refuses_contexts_past_the_models_limit_exactly(capsys):
+    """--config real (max_position_embeddings 262144): a context, its timed decode steps and the first token must
+    fit, as Engine.generate asks of a prompt and its new tokens; the tiny config has no limit."""
+    steps = ["--warmup", "2", "--iters", "3", "--pipelined", "4", "--profile-steps", "1", "--loop-steps", "2",
+             "--loop-iters", "3"]                      # 2 + 3 + 4 + 1 + (1 + 3) x 2 = 18 steps, + the first token
+    ok = ["--config", "real", "--prompt", "262143", "--out", "h.json"] + steps
+    assert harness.parse_args(ok + ["--contexts", "1024,262125"]).contexts == [1024, 262125]
+    line = _refused(harness.parse_args, ok + ["--contexts", "1024,262126"], "--contexts", capsys)
+    assert line.endswith("--contexts 262126: + 19 generated tokens (the first, then one per timed decode step) "
+                         "exceeds the model's context limit (max_position_embeddings 262144); at most 262125"), line
+    line = _refused(harness.parse_args, ok + ["--contexts", "16", "--prompt", "262144"], "--prompt", capsys)
+    assert "the model's context limit (max_position_embeddings 262144); at most 262143" in line, line
+    assert harness.parse_args(["--contexts", "300000", "--prompt", "300000", "--out", "h.json"]).prompt == 300000
+
+
+def test_harness_dump_dir_under_a_file_is_refused_in_one_line(tmp_path, capsys):
+    """--dump-dir under a file (was: a NotADirectoryError traceback after the ceilings), or a file itself."""
+    (tmp_path / "f").write_text("")
+    for d in (tmp_path / "f" / "x", tmp_path / "f"):
+        line = _refused(harness.main, SMALL + ["--contexts", "16", "--profile-steps", "1", "--dump-dir", str(d),
+                                               "--out", str(tmp_path / "h.json")], "--dump-dir", capsys)
+        assert f"--dump-dir {d}: {tmp_path / 'f'} is not a directory" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_harness_stops_before_timing_where_the_decode_state_cannot_fit(tmp_path, monkeypatch, capsys):
+    """Where the pool has fewer free bytes than the weights and the longest context's decode state (was: a JAX
+    out-of-memory traceback after the ceilings), the run stops with the sizes, before any timing, nothing written."""
+    from jaxspec import sharding
+    monkeypatch.setattr(sharding, "device_room", lambda devices: (10 * 2**30, 20 * 2**30))
+    monkeypatch.setattr(harness, "measure_copy", lambda *a: pytest.fail("timed before checking the memory"))
+    out = tmp_path / "h.json"
+    with pytest.raises(SystemExit) as e:
+        harness.main(SMALL + ["--contexts", "16,200000000", "--out", str(out)])
+    assert str(e.value).startswith("error: the weights and a decode state of max_len 200000128 (the longest --contexts "
+                                   "200000000 and the timed steps' room, --batch 1) needs "), e.value
+    assert str(e.value).endswith("time fewer or shorter --contexts values") and "\n" not in str(e.value)
+    monkeypatch.setattr(sharding, "device_room", lambda devices: (1000, 2000))      # not even the weights
+    with pytest.raises(SystemExit) as e:
+        harness.main(SMALL + ["--contexts", "16", "--out", str(out)])
+    assert str(e.value).startswith("error: the weights of --config tiny needs "), e.value
+    assert not out.exists()
 
 
 @pytest.fixture

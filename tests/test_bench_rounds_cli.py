@@ -32,6 +32,14 @@ def refused(argv, capsys) -> str:
     (["--mtp-tokens", "0"], "--mtp-tokens '0': expected integers >= 1"),
     (["--max-len", "0"], "--max-len: must be >= 1, got 0"),                  # was: the default
     (["--config", "no/such/model"], "--config 'no/such/model': "),          # was: a ConfigError traceback
+    (["--context", "16,16"], "--context: 16 given more than once in '16,16'"),  # was: timed twice, one kept
+    (["--context", "2147483648"], "--context: expected token counts below 2**31"),   # was: an OverflowError
+    # was: timed, though Engine.generate refuses a context past the model's limit (max_position_embeddings)
+    (["--config", "real", "--context", "1024,259943"], "--context 259943: + 2202 slots the timed calls take past it "
+     "exceeds the model's context limit (max_position_embeddings 262144); at most 259942"),
+    (["--config", "demo", "--context", "3875", "--phases", "ar", "--ar-rounds", "10"],
+     "--context 3875: + 222 slots the timed calls take past it exceeds the model's context limit "
+     "(max_position_embeddings 4096); at most 3874"),
 ])
 def test_bad_values_are_refused_by_name_before_the_run(argv, message, capsys, no_run):
     err = refused(argv, capsys)
@@ -64,6 +72,15 @@ def test_help_names_a_config_path(capsys):
     with pytest.raises(SystemExit):
         rounds.main(["--help"])
     assert "config.json" in capsys.readouterr().out
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        rounds.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for shown in ("compiles once (default: 1024)", "ddtree{B}_round; default: 64)", "to time (default: 1,3,5)",
+                  "always runs (default: ar,dflash,ddtree,mtp)"):
+        assert shown in out, shown
 
 
 @pytest.mark.slow

@@ -223,6 +223,39 @@ def test_only_parts_that_succeed_in_this_run_give_rows(tmp_path, monkeypatch):
     assert not (tmp_path / "rounds.json").exists()
 
 
+def test_an_earlier_table_is_gone_before_the_parts_start(tmp_path, monkeypatch):
+    """An earlier run's table.md / table.json are removed with its parts' JSONs, before any part runs: a rerun that
+    is interrupted leaves no stale table beside its own files (was: the old table stayed until the new one)."""
+    for name in ("table.md", "table.json", "verify.json"):
+        (tmp_path / name).write_text("old")
+    seen = []
+
+    def interrupted(name, cmd, out, timeout):
+        seen.append(sorted(p.name for p in out.iterdir()))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(table, "run_part", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        table.main(["--parts", "verify", "--out", str(tmp_path)])
+    assert seen == [[]] and not any(tmp_path.iterdir())
+
+
+def test_the_rounds_part_is_given_contexts_up_to_the_models_limit(tmp_path, monkeypatch):
+    """The limit table checks for the rounds part is bench.rounds' own: the longest context it allows is run."""
+    from bench import rounds
+    ran = _fake_parts(monkeypatch, {"rounds": (0, None)})
+    assert table.main(["--config", "real", "--contexts", "259942", "--parts", "rounds", "--out", str(tmp_path)]) == 0
+    cmd = ran["rounds"]
+
+    class Started(Exception):
+        pass
+
+    def started(msg):
+        raise Started(msg)
+    monkeypatch.setattr(rounds, "log", started)
+    with pytest.raises(Started):                         # past its flags: the run would start
+        rounds.main(cmd[1:cmd.index("--out")])
+
+
 def test_the_header_takes_the_commit_of_a_harness_part(tmp_path, monkeypatch):
     """The prefill part (bench.harness) records commit and dirty at its JSON's top level, not under "git": the header
     shows them (was: "Commit unknown" when it was the first part with metadata), dirty or clean."""
@@ -241,7 +274,8 @@ def test_only_the_tiny_config_times_cpu_sized_kernels(tmp_path, monkeypatch):
     from jaxspec.generate import demo_dir
     ran = _fake_parts(monkeypatch, {p: (0, None) for p in table.PARTS})
     for config, small in ((str(demo_dir() / "target" / "config.json"), False), ("tiny", True)):
-        table.main(["--config", config, "--contexts", "64", "--out", str(tmp_path / config.replace("/", "_"))])
+        table.main(["--config", config, "--contexts", "64", "--prefill", "64",      # the demo's limit is 4096
+                    "--out", str(tmp_path / config.replace("/", "_"))])
         assert ran["rounds"][ran["rounds"].index("--config") + 1] == config
         assert ("--vocab" in ran["verify"]) is small and ("--copy-gib" in ran["prefill"]) is small
         assert ("--layers" in ran["delta_rule"]) is small
@@ -257,6 +291,19 @@ def test_only_the_tiny_config_times_cpu_sized_kernels(tmp_path, monkeypatch):
     (["--ar-rounds", "0"], "--ar-rounds: must be >= 1"),
     (["--prefill", "-1"], "--prefill: must be >= 0"),
     (["--config", "no/such/model"], "--config 'no/such/model': "),
+    # were: an empty table, exit 0
+    (["--parts", "prefill", "--prefill", "0", "--contexts", "16"],
+     "--parts 'prefill': no part left to run (--prefill 0 skips prefill)"),
+    (["--parts", "attention", "--attention-prefix", "-1", "--contexts", "16"],
+     "--parts 'attention': no part left to run (--attention-prefix -1 skips attention)"),
+    (["--tau", "0.5"], "--tau: must be >= 1, got 0.5"),                        # was: at least 0
+    (["--tau", "nan"], "--tau: must be a finite number >= 1, got nan"),
+    (["--contexts", "16,16"], "--contexts: 16 given more than once in '16,16'"),   # was: timed twice, one kept
+    # were: parts that time what Engine.generate refuses (max_position_embeddings), refused only by the parts
+    (["--config", "real", "--contexts", "1024,259943"], "--contexts 259943: + 2202 slots bench.rounds' timed calls "
+     "take past it exceeds the model's context limit (max_position_embeddings 262144); at most 259942"),
+    (["--config", "real", "--contexts", "1024", "--prefill", "262144"], "--prefill 262144: + 1 generated token "
+     "(the prefill's) exceeds the model's context limit (max_position_embeddings 262144); at most 262143"),
 ])
 def test_bad_flags_are_refused_before_any_part(tmp_path, monkeypatch, capsys, argv, message):
     _fake_parts(monkeypatch, {})
