@@ -728,7 +728,7 @@ def run_engine_prefill(graphdef, cfg, params, pbytes, args, chunk: int) -> dict:
     """The prompt through `Engine.prefill` in pieces of `chunk` tokens (jaxspec.generate's --prefill-chunk): the
     engine's own path to the first token, host loop over the pieces included. The first call compiles (each piece
     length once); the timed calls follow it."""
-    from jaxspec.engine import Engine
+    from jaxspec.engine import Engine, prefill_pieces
     b, p = args.batch, args.prompt
     engine = Engine(nnx.merge(graphdef, params), prefill_chunk=chunk)
     prompts = np.asarray(random_tokens(cfg, b, p, 7)).tolist()
@@ -740,7 +740,8 @@ def run_engine_prefill(graphdef, cfg, params, pbytes, args, chunk: int) -> dict:
         jax.block_until_ready(out[0])
         ms.append((time.perf_counter() - t) * 1e3)
         del out
-    r = prefill_rates(dict(prompt=p, batch=b, chunk=chunk, pieces=-(-p // chunk), max_len=max_len,
+    sizes = prefill_pieces(p, chunk)       # the pieces Engine.prefill runs (the tail may split: 600 -> 512 + 128)
+    r = prefill_rates(dict(prompt=p, batch=b, chunk=chunk, pieces=len(sizes), sizes=sizes, max_len=max_len,
                            first_call_s=ms[0] / 1e3, time=summarize(ms[1:])), cfg, pbytes)
     log(f"engine prefill P={p} in pieces of {chunk}: {r['time']['median_ms']:.2f} ms, {r['tokens_per_s']:.0f} tok/s, "
         f"{r['tflop_s_2NP']:.1f} TFLOP/s (2NP); first call {r['first_call_s']:.1f}s")

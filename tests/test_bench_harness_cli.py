@@ -320,6 +320,7 @@ def test_harness_times_the_engines_prefill_in_pieces(tmp_path):
                                      "--out", str(tmp_path / "h.json")])
     one, pieces = res["prefill"], res["engine_prefill"]
     assert [(r["chunk"], r["pieces"], r["time"]["n"]) for r in pieces] == [(16, 5, 1), (64, 2, 1)]
+    assert [r["sizes"] for r in pieces] == [[16] * 5, [64, 16]]      # engine.prefill_pieces, as Engine.prefill
     for r in pieces:
         assert r["time"]["median_ms"] > 0 and r["first_call_s"] > 0 and r["flops_2NP"] == one["flops_2NP"]
         assert r["tflop_s_2NP"] == pytest.approx(r["flops_2NP"] / (r["time"]["median_ms"] * 1e-3) / 1e12)
