@@ -126,6 +126,34 @@ def test_interpreted_kernels_keep_speculative_rounds_lossless(tiny_hf, monkeypat
                            "gdn_tree_inputs", "add_rms_norm", "matmul"}, traced
 
 
+def _prefill_past_the_cache_end(tiny_hf, monkeypatch, implementation):
+    """A 70-token prompt in a cache of 80 slots: its prefill is one piece of 128 (engine.prefill_pieces), 48 padded
+    tokens past the cache's end, whose writes must be dropped. Greedy AR through every kernel, token-identical to
+    every op on its jnp reference in a cache with room for the whole piece."""
+    from jaxspec.engine import PREFILL_CHUNK, prefill_pieces
+    assert prefill_pieces(70, PREFILL_CHUNK) == [128]
+    target = load_target(tiny_hf[0], dtype="float32")
+    prompts, n_new = [np.random.RandomState(9).randint(0, 512, size=70).tolist()], 8
+    for flag in FLAGS:
+        monkeypatch.setenv(flag, "reference")
+    ar = Engine(target).generate(prompts, n_new, max_len=256).tokens
+    _set_flags(monkeypatch, implementation)
+    traced = _count_traces(monkeypatch)
+    assert Engine(target).generate(prompts, n_new, max_len=80).tokens == ar
+    # the piece's attention: chain attention's split (the prefix kernel) interpreted, the tree kernel compiled
+    attention = "prefix_partials" if implementation == "pallas_interpret" else "tree_attention"
+    assert {attention, "state_pass", "gdn_tree_inputs"} <= set(traced), traced
+
+
+def test_interpreted_kernels_prefill_past_the_cache_end(tiny_hf, monkeypatch):
+    _prefill_past_the_cache_end(tiny_hf, monkeypatch, "pallas_interpret")
+
+
+@on_gpu
+def test_gpu_kernels_prefill_past_the_cache_end(tiny_hf, monkeypatch):
+    _prefill_past_the_cache_end(tiny_hf, monkeypatch, "pallas_triton")
+
+
 @on_gpu
 def test_gpu_chain_attention_in_a_bf16_prefill(tiny_hf, monkeypatch):
     """A bf16 target's prefill in pieces of 128 (the second and third over a prefix) through the chain op's default
