@@ -8,6 +8,8 @@ Errors are max |x - ref| / max |ref| over the whole output, in fp32: bound 1e-4 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,10 +81,15 @@ def test_dispatch_runs_the_recurrence_only_for_chains(seed, monkeypatch):
         assert_matches(out, reference.tree_delta_rule(*args))
 
 
-def test_refuses_long_chains():
+def test_refuses_long_chains_and_bad_shapes():
     q, k, v, g, beta, _, s0 = chain_inputs(0, 33, (2, 2, 16, 16), batch=1)
     with pytest.raises(ValueError, match="1..32 nodes, got 33"):
         recurrent.chain_delta_rule(q, k, v, g, beta, s0, interpret=True)
+    q, k, v, g, beta, _, s0 = chain_inputs(0, 4, (2, 2, 16, 16), batch=1)
+    with pytest.raises(ValueError, match=r"s0 \(1, 2, 32, 16\)"):
+        recurrent.chain_delta_rule(q, k, v, g, beta, jnp.zeros((1, 2, 32, 16)), interpret=True)
+    with pytest.raises(ValueError, match=r"g \(1, 4, 1\)"):
+        recurrent.chain_delta_rule(q, k, v, g[..., :1], beta, s0, interpret=True)
 
 
 def test_triton_lowering():
@@ -101,33 +108,38 @@ def test_triton_lowering():
 
 
 def test_engine_stays_lossless_with_the_recurrence(tiny_hf, monkeypatch):
-    """The engine with the opt-in (interpreted): greedy AR and an oracle DFlash chain of 4 (accepted drafts) give
-    the tokens of every op on its jnp reference."""
+    """The engine with the opt-in (interpreted), two prompts: an oracle DFlash chain of 4 (accepted drafts) gives
+    the tokens of greedy AR with every op on its jnp reference, and its verify (a block of 4 nodes, not only the
+    prefill's short chain) runs the recurrence."""
     from convert.hf import load_target
     from jaxspec.engine import Engine
     from oracle import OracleChain, reference as oracle_reference
     target = load_target(tiny_hf[0], dtype="float32")
-    prompts, n_new = [np.random.RandomState(10).randint(0, 512, size=13).tolist()], 12
+    rs = np.random.RandomState(10)
+    prompts, n_new = [rs.randint(0, 512, size=13).tolist(), rs.randint(0, 512, size=6).tolist()], 12
     monkeypatch.setenv(api.ENV_VAR, "reference")
     ar = Engine(target).generate(prompts, n_new).tokens
     monkeypatch.setenv(api.ENV_VAR, "pallas_recurrent_interpret")
     calls = []
     fn = recurrent.chain_delta_rule
-    monkeypatch.setattr(recurrent, "chain_delta_rule", lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    monkeypatch.setattr(recurrent, "chain_delta_rule", lambda *a, **kw: calls.append(a[0].shape[:2]) or fn(*a, **kw))
     block = 4
     out = Engine(target, OracleChain(block, 512, ref=oracle_reference(prompts, ar, block))).generate(
         prompts, n_new, seed=1)
     assert out.tokens == ar
     assert out.hist[2:].sum() > 0, out.hist
-    assert calls, "the recurrence never ran"
+    assert (2, block) in calls, calls         # the verify of both rows' blocks
 
 
 @on_gpu
-@pytest.mark.parametrize("n", [16, 32])
-def test_gpu_kernel_matches_reference(seed, n):
+@pytest.mark.parametrize("batch,n,block_dv,num_warps", [(1, 16, 32, 4), (1, 32, 32, 4), (2, 23, 16, 1),
+                                                         (2, 16, 64, 2)])
+def test_gpu_kernel_matches_reference(seed, batch, n, block_dv, num_warps):
     """The compiled kernel at the real heads (48 value heads over 16 key heads, Dk = Dv = 128), against the
-    reference in fp32 (HIGHEST)."""
+    reference in fp32 (HIGHEST): a DFlash block, the longest chain, a padded one in a batch of 2, and the bench
+    sweep's other tilings."""
     heads = (arg_specs.REAL_HEADS, arg_specs.REAL_KEY_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV)
-    q, k, v, g, beta, anc, s0 = chain_inputs(seed, n, heads, batch=1)
-    out = jax.jit(recurrent.chain_delta_rule)(q, k, v, g, beta, s0)
+    q, k, v, g, beta, anc, s0 = chain_inputs(seed, n, heads, batch=batch)
+    out = jax.jit(functools.partial(recurrent.chain_delta_rule, block_dv=block_dv, num_warps=num_warps))(
+        q, k, v, g, beta, s0)
     assert_matches(out, jax.jit(reference.tree_delta_rule)(q, k, v, g, beta, anc, s0))

@@ -42,6 +42,11 @@ def implementations(sweep: bool, on_gpu: bool):
         impls["pallas_triton/gram_outside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=False)
         impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
         impls["pallas_triton/gram_ieee"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="ieee")
+        for block_dv in (16, 32, 64):           # the recurrence's tilings (chains only)
+            for num_warps in (1, 2, 4):
+                impls[f"pallas_recurrent/dv{block_dv}/w{num_warps}"] = (
+                    lambda q, k, v, g, beta, anc, s0, bd=block_dv, nw=num_warps: recurrent.chain_delta_rule(
+                        q, k, v, g, beta, s0, block_dv=bd, num_warps=nw))
         for precision in sorted(pallas_triton.PRECISIONS):
             for block_dv in (32, 64, 128):
                 for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):
@@ -100,7 +105,7 @@ def main(argv=None):
         # ran first (with --impls, a kernel was compared with itself).
         ref = jax.block_until_ready(stacked(reference.tree_delta_rule, a.layers)(*args))[0]
         for name, fn in impls.items():
-            if name == "pallas_recurrent" and (a.shape != "chain" or not recurrent.supports(n)):
+            if name.startswith("pallas_recurrent") and (a.shape != "chain" or not recurrent.supports(n)):
                 continue            # the recurrence takes chains of <= MAX_N nodes only
             run = stacked(fn, a.layers)
             try:

@@ -63,7 +63,8 @@ def chain_delta_rule(q, k, v, g, beta, s0, *, interpret=False, block_dv=32, num_
     block_dv: value columns per program (a power of two >= 16)."""
     b, n, hk, dk = q.shape
     h, dv = v.shape[2], v.shape[3]
-    reference.heads_per_key(q, k, v)
+    # every argument's shape, as the WY kernels' callers check (the kernel reads wrong shapes out of bounds)
+    reference.check_args(q, k, v, g, beta, jax.ShapeDtypeStruct((b, n, n), jnp.bool_), s0)
     if not supports(n):
         raise ValueError(f"chain_delta_rule (recurrent): chains of 1..{MAX_N} nodes, got {n}")
     rep = h // hk
