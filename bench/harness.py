@@ -607,11 +607,15 @@ def run_breakdown(graphdef, cfg, params, pbytes, batch, context, max_len, warmup
 
 # ------------------------------------------------------------------------------------------------ runs
 
+def loop_calls(args) -> int:
+    """The device loop's calls at one context: one untimed, then --loop-iters (none without --loop-steps)."""
+    return 1 + args.loop_iters if args.loop_steps else 0
+
+
 def decode_steps(args) -> int:
     """The most decode steps run_decode takes at one context (each commits a token): --warmup, --iters,
-    --pipelined, --profile-steps and the device loop's calls (one untimed, then --loop-iters)."""
-    loop_calls = 1 + args.loop_iters if args.loop_steps else 0
-    return args.warmup + args.iters + args.pipelined + args.profile_steps + loop_calls * args.loop_steps
+    --pipelined, --profile-steps and the device loop's calls."""
+    return args.warmup + args.iters + args.pipelined + args.profile_steps + loop_calls(args) * args.loop_steps
 
 
 def decode_max_len(args, context: int) -> int:
@@ -621,7 +625,6 @@ def decode_max_len(args, context: int) -> int:
 
 def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, context, dump) -> dict:
     b = args.batch
-    loop_calls = 1 + args.loop_iters if args.loop_steps else 0
     max_len = decode_max_len(args, context)
     state = random_state(cfg, b, max_len, context)
     tok = random_tokens(cfg, b, 1, 4)
@@ -701,7 +704,7 @@ def run_decode(graphdef, cfg, params, pbytes, copy_tb_s, read_tb_s, args, contex
         log(f"decode ctx={context}: device loop of {args.loop_steps} steps: {r['device_loop']['step_ms']:.3f} ms/step"
             f" -> x{r['ratio_to_roofline_device_loop']:.3f} of roofline")
     steps_done = (args.warmup + args.iters + args.pipelined + (args.profile_steps if "profile" in r else 0)
-                  + (loop_calls * args.loop_steps if "device_loop" in r else 0))
+                  + (loop_calls(args) * args.loop_steps if "device_loop" in r else 0))
     length = int(hold[0].length[0])
     r["state_length_ok"] = length == context + steps_done
     del hold
