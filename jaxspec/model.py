@@ -32,8 +32,7 @@ from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
-from pallas_kernels.tree_delta_rule import (chain_delta_rule, is_kernel, resolve, state_at, states_at,
-                                           tree_delta_rule)
+from pallas_kernels.tree_delta_rule import chain_delta_rule, resolve, state_at, states_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
 
@@ -373,20 +372,18 @@ def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
     return fn(y, history, conv_w, A_log, dt_bias, rows)
 
 
-def _tree_delta_rule(q, k, v, g, beta, anc, s0, chain: bool = False):
+def _tree_delta_rule(q, k, v, g, beta, anc, s0):
     """The Pallas kernels run per shard: under a mesh with a tensor- or data-parallel axis they go through
-    shard_map over (batch, heads); the jnp solvers are partitioned by GSPMD like the rest of the model. chain:
-    the block is a chain (`Tree.chain`), which an opt-in kernel runs as the recurrence."""
-    fn = functools.partial(tree_delta_rule, chain=chain)
-    if is_kernel(resolve(q.shape[1])):
-        return sharding.per_shard(fn, q, k, v, g, beta, anc, s0)
-    return fn(q, k, v, g, beta, anc, s0)
+    shard_map over (batch, heads); the jnp solvers are partitioned by GSPMD like the rest of the model."""
+    if resolve(q.shape[1]) in ("pallas_triton", "pallas_interpret"):
+        return sharding.per_shard(tree_delta_rule, q, k, v, g, beta, anc, s0)
+    return tree_delta_rule(q, k, v, g, beta, anc, s0)
 
 
 def _chain_delta_rule(q, k, v, g, beta, s0):
     """`chain_delta_rule` (pallas_kernels/tree_delta_rule/chain.py); its kernels run per shard under a mesh, as
     the tree delta rule's do."""
-    if is_kernel(resolve(CHUNK)):
+    if resolve(CHUNK) in ("pallas_triton", "pallas_interpret"):
         return sharding.per_shard_chain(functools.partial(chain_delta_rule, chunk=CHUNK), q, k, v, g, beta, s0)
     return chain_delta_rule(q, k, v, g, beta, s0, chunk=CHUNK)
 
@@ -403,7 +400,7 @@ def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
         live = (jnp.arange(n)[None] < commit_n[:, None])[..., None]                  # [B, N, 1]
         return _chain_delta_rule(q, k, v, jnp.where(live, g, 0.0), jnp.where(live, beta, 0.0), s0)
     if not tree.chain or n <= CHUNK:
-        o, delta, G = _tree_delta_rule(q, k, v, g, beta, tree.anc, s0, chain=tree.chain)
+        o, delta, G = _tree_delta_rule(q, k, v, g, beta, tree.anc, s0)
         if commit_n is not None:
             s0, last = s0.astype(jnp.float32), jnp.maximum(commit_n - 1, 0)             # [B]
             s1 = state_at(s0, k, delta, G, jnp.arange(n)[None] <= last[:, None],
@@ -421,7 +418,7 @@ def delta_rule(q, k, v, g, beta, tree: Tree, s0, commit_n=None):
 
     def step(s, blk):
         qb, kb, vb, gb, bb = blk
-        o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s, chain=True)
+        o, delta, G = _tree_delta_rule(qb, kb, vb, gb, bb, anc, s)
         return state_at(s, kb, delta, G, every, G[:, -1]), (o, delta, G, s)
 
     _, (o, delta, G, s_in) = jax.lax.scan(step, s0.astype(jnp.float32), blocks)

@@ -349,25 +349,6 @@ def test_bench_error_is_against_the_reference(tmp_path, monkeypatch):
     assert [r["impl"] for r in rows] == ["pallas_triton"] and rows[0]["rel_err_vs_reference"] > 0.5, rows
 
 
-def test_bench_times_the_recurrence_on_chains_only(tmp_path, monkeypatch):
-    """`--shape chain`: pallas_recurrent (here interpreted) is timed on chains of <= 32 nodes, with a small error
-    against the reference; it is skipped for a longer chain and for trees."""
-    import json
-
-    from pallas_kernels.tree_delta_rule import bench, recurrent
-    monkeypatch.setattr(bench, "implementations", lambda sweep, on_gpu: {
-        "xla": xla.tree_delta_rule,
-        "pallas_recurrent": lambda q, k, v, g, beta, anc, s0: recurrent.chain_delta_rule(q, k, v, g, beta, s0,
-                                                                                          interpret=True)})
-    for shape, want in (("chain", [(3, "xla"), (3, "pallas_recurrent"), (40, "xla")]), ("tree", [(3, "xla")])):
-        sizes = "3,40" if shape == "chain" else "3"
-        bench.main(["--sizes", sizes, "--layers", "1", "--iters", "1", "--shape", shape,
-                    "--json", str(tmp_path / f"{shape}.json")])
-        rows = json.loads((tmp_path / f"{shape}.json").read_text())["rows"]
-        assert [(r["n"], r["impl"]) for r in rows] == want
-        assert all(r["rel_err_vs_reference"] < 1e-4 for r in rows), rows
-
-
 @pytest.mark.parametrize("n", [16, 40])
 def test_bench_sweep_variants_match_reference(seed, n):
     """Every structural variant the GPU bench's `--sweep` times (its keyword sets; the tile-size variants are

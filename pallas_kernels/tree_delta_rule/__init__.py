@@ -6,9 +6,8 @@ Pallas GPU kernels and the jnp implementations (api.py); reference.py is the spe
 through `chain_delta_rule` (chain.py): every block's factors at once, then one pass of the state over the blocks.
 """
 
-from pallas_kernels.tree_delta_rule.api import ENV_VAR, IMPLEMENTATIONS, is_kernel, resolve, tree_delta_rule
+from pallas_kernels.tree_delta_rule.api import ENV_VAR, IMPLEMENTATIONS, resolve, tree_delta_rule
 from pallas_kernels.tree_delta_rule.chain import chain_delta_rule
 from pallas_kernels.tree_delta_rule.reference import state_at, states_at
 
-__all__ = ["tree_delta_rule", "chain_delta_rule", "state_at", "states_at", "resolve", "is_kernel", "ENV_VAR",
-           "IMPLEMENTATIONS"]
+__all__ = ["tree_delta_rule", "chain_delta_rule", "state_at", "states_at", "resolve", "ENV_VAR", "IMPLEMENTATIONS"]

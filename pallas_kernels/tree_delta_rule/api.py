@@ -6,9 +6,6 @@
 | "xla"              | jnp, triangular inverse by recursive doubling (xla.py)      | everywhere else   |
 | "reference"        | jnp with solve_triangular: the spec (reference.py)          | never             |
 | "pallas_interpret" | the Pallas kernels' bodies run by the CPU interpreter        | never (tests)     |
-| "pallas_recurrent" | a chain of <= 32 nodes by the recurrence (recurrent.py), any | never (opt-in,    |
-|                    | other block as "pallas_triton"                               | not yet timed)    |
-| "pallas_recurrent_interpret" | the same, interpreted                              | never (tests)     |
 
 "xla" is the default off the GPU: against a float64 recurrence it is at least as accurate as the
 reference (error 0.99x the reference's, geometric mean over 125 random and correlated-key cases,
@@ -32,21 +29,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels import dispatch
-from pallas_kernels.tree_delta_rule import pallas_triton, recurrent, reference, xla
+from pallas_kernels.tree_delta_rule import pallas_triton, reference, xla
 
 ENV_VAR = "JAXSPEC_TREE_DELTA_RULE"
-IMPLEMENTATIONS = ("pallas_triton", "xla", "reference", "pallas_interpret", "pallas_recurrent",
-                   "pallas_recurrent_interpret")
-
-
-def is_kernel(name: str) -> bool:
-    """Whether an implementation runs Pallas kernels (which run per shard under a mesh, and have no VJP)."""
-    return name.startswith("pallas")
-
-
-def is_interpreted(name: str) -> bool:
-    """Whether an implementation's kernels run in the CPU interpreter."""
-    return name.endswith("interpret")
+IMPLEMENTATIONS = ("pallas_triton", "xla", "reference", "pallas_interpret")
 
 
 def resolve(n: int, implementation: str | None = None) -> str:
@@ -55,7 +41,7 @@ def resolve(n: int, implementation: str | None = None) -> str:
     return dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, default, implementation, jnp_default="xla")
 
 
-def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None, chain: bool = False):
+def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = None):
     """One block of the gated delta rule on a tree (DESIGN.md section 2).
 
     q, k: [B, N, Hk, Dk] (q scaled, both l2-normalised), key head h // (H / Hk) serving value head h;
@@ -64,8 +50,7 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = N
     ancestor-or-self of i (topological order); s0: [B, H, Dk, Dv] state entering the block.
     Returns o [B, N, H, Dv], delta [B, N, H, Dv], G [B, N, H], all fp32.
     Arguments of other shapes are refused (reference.check_args); an empty block (B or N 0) gives the reference's
-    empty outputs, whatever the implementation. chain (static): the caller's promise that anc is lower-triangular
-    (node i's parent is i - 1), which lets "pallas_recurrent" run the recurrence.
+    empty outputs, whatever the implementation.
     """
     args = (q, k, v, g, beta, anc, s0)
     reference.check_args(*args)
@@ -74,10 +59,10 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = N
     if not b * n:           # the kernels' grids and index maps need a sequence and a node (the kernel refuses N = 0)
         f32 = jnp.float32
         return jnp.zeros((b, n, h, dv), f32), jnp.zeros((b, n, h, dv), f32), jnp.zeros((b, n, h), f32)
-    if name.startswith("pallas_recurrent") and chain and recurrent.supports(n):
-        return recurrent.chain_delta_rule(q, k, v, g, beta, s0, interpret=is_interpreted(name))
-    if is_kernel(name):
-        return pallas_triton.tree_delta_rule(*args, interpret=is_interpreted(name))
+    if name == "pallas_triton":
+        return pallas_triton.tree_delta_rule(*args)
+    if name == "pallas_interpret":
+        return pallas_triton.tree_delta_rule(*args, interpret=True)
     if name == "xla":
         return xla.tree_delta_rule(*args)
     return reference.tree_delta_rule(*args)

@@ -2,7 +2,6 @@
 Dk = Dv = 128).
 
     JAX_PLATFORMS=cuda python -m pallas_kernels.tree_delta_rule.bench [--sweep] [--impls pallas_triton] [--json out.json]
-        [--shape chain]
 
 Each timed call is one jit applying the op `--layers` times in sequence (unrolled like the model's 48
 GDN layers, each layer's state depending on the previous output so that nothing is hoisted), so
@@ -12,8 +11,6 @@ tuning variants (where the Gram tiles and M are formed, dot precision, value sli
 Each row also gives the bytes a layer's call reads and writes (its inputs, the state included, and its outputs) over its device time, against a
 device copy measured in the same run (`frac_of_copy`): the op streams the fp32 state, so that is its ceiling.
 The error (`rel_err_vs_reference`, o and delta of the last layer) is against the reference, run untimed.
-`--shape chain` times chains (the DFlash verify's block), where "pallas_recurrent" (recurrent.py, the recurrence
-for chains of <= 32 nodes) also runs; it is skipped for trees and longer chains.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ import jax.numpy as jnp
 from bench.cli import writable_file
 from bench.harness import time_kernel, write_results
 from pallas_kernels.tree_attention.bench import copy_bandwidth
-from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, recurrent, reference, xla
+from pallas_kernels.tree_delta_rule import arg_specs, pallas_triton, reference, xla
 from pallas_kernels import dispatch
 
 
@@ -36,17 +33,11 @@ def implementations(sweep: bool, on_gpu: bool):
     if not on_gpu:
         return impls
     impls["pallas_triton"] = pallas_triton.tree_delta_rule
-    impls["pallas_recurrent"] = lambda q, k, v, g, beta, anc, s0: recurrent.chain_delta_rule(q, k, v, g, beta, s0)
     if sweep:
         # where the Gram tiles are formed (default: inside prepare for one tile), and the opt-ins
         impls["pallas_triton/gram_outside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=False)
         impls["pallas_triton/gram_inside"] = functools.partial(pallas_triton.tree_delta_rule, gram_inside=True)
         impls["pallas_triton/gram_ieee"] = functools.partial(pallas_triton.tree_delta_rule, gram_precision="ieee")
-        for block_dv in (16, 32, 64):           # the recurrence's tilings (chains only)
-            for num_warps in (1, 2, 4):
-                impls[f"pallas_recurrent/dv{block_dv}/w{num_warps}"] = (
-                    lambda q, k, v, g, beta, anc, s0, bd=block_dv, nw=num_warps: recurrent.chain_delta_rule(
-                        q, k, v, g, beta, s0, block_dv=bd, num_warps=nw))
         for precision in sorted(pallas_triton.PRECISIONS):
             for block_dv in (32, 64, 128):
                 for key_chunk, num_warps in ((32, 4), (16, 4), (32, 8)):
@@ -79,8 +70,6 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--impls", default="", help="only these implementations (comma-separated; default: all there are)")
-    p.add_argument("--shape", choices=("tree", "chain"), default="tree",
-                   help="random trees, or chains (where pallas_recurrent runs)")
     p.add_argument("--json")
     a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)         # before the timing, not after it
@@ -98,15 +87,13 @@ def main(argv=None):
           f"Dk = Dv = {arg_specs.REAL_DK}; per layer, median of {a.iters} calls of {a.layers} layers; "
           f"copy {copy_bw / 1e12:.2f} TB/s")
     for n in map(int, a.sizes.split(",")):
-        spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, a.shape,
+        spec = arg_specs.Spec(a.batch, n, arg_specs.REAL_HEADS, arg_specs.REAL_DK, arg_specs.REAL_DV, "tree",
                               key_heads=arg_specs.REAL_KEY_HEADS)
         args, _ = arg_specs.make_inputs(n, spec)
         # The error column is against the reference, run apart and untimed: not against whichever implementation
         # ran first (with --impls, a kernel was compared with itself).
         ref = jax.block_until_ready(stacked(reference.tree_delta_rule, a.layers)(*args))[0]
         for name, fn in impls.items():
-            if name.startswith("pallas_recurrent") and (a.shape != "chain" or not recurrent.supports(n)):
-                continue            # the recurrence takes chains of <= MAX_N nodes only
             run = stacked(fn, a.layers)
             try:
                 t = time_kernel(lambda: run(*args), a.iters)
