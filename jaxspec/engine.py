@@ -12,6 +12,7 @@ import dataclasses
 import operator
 import os
 import time
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import jax
@@ -332,8 +333,8 @@ def prefill_pieces(longest: int, chunk: int) -> list[int]:
 class Engine:
     """Holds the compiled prefill and round functions for one model, speculator and sampling.
 
-    stop_tokens: the token ids that end a sequence (emitted, then nothing after). None by default (`()`): the model's
-    EOS ids (`model.cfg.eos_token_ids`, from config.json / generation_config.json) are not used unless passed
+    stop_tokens: the token ids that end a sequence (emitted, then nothing after). None by default (`()`; `None` is
+    taken as `()`): the model's EOS ids (`model.cfg.eos_token_ids`, from config.json / generation_config.json) are not used unless passed
     here, e.g. `stop_tokens=model.cfg.eos_token_ids` (as the `jaxspec.generate` CLI does)."""
 
     def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
@@ -364,6 +365,10 @@ class Engine:
         leaves, self._target_def = jax.tree.flatten(target_params)
         self.params = (leaves, self.spec.params)
         self.sampling = sampling
+        if stop_tokens is None:
+            stop_tokens = ()
+        if not isinstance(stop_tokens, Iterable) or isinstance(stop_tokens, (str, bytes)):
+            raise ValueError(f"stop_tokens must be a collection of token ids, got {stop_tokens!r}")
         stop = sorted(set(int_arg(t, "stop_tokens: token id") for t in stop_tokens))
         outside = [t for t in stop if not 0 <= t < self.cfg.vocab_size]
         if outside:
@@ -478,6 +483,9 @@ class Engine:
         tokens: (first token [B], target state, speculator state, key) for the round loop."""
         prompts = check_prompts(prompts, self.cfg.vocab_size)
         max_len = int_arg(max_len, "max_len")
+        seed = int_arg(seed, "seed")
+        if not -2**63 <= seed < 2**63:          # what jax.random.key takes: an int64
+            raise ValueError(f"seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {seed}")
         b = len(prompts)
         lens = np.array([len(p) for p in prompts], np.int32)
         if lens.max() >= max_len:
@@ -511,6 +519,8 @@ class Engine:
         """Generate up to `max_new_tokens` per prompt; `on_tokens` receives the new tokens of each
         sequence after every segment of `rounds_per_call` rounds. `max_len` (the cache's slots) defaults to what
         the call needs, rounded up (`default_max_len`) so that prompts of nearby lengths share one compile."""
+        if max_new_tokens is None:
+            raise ValueError("max_new_tokens must be an integer, got None")
         max_new_tokens, max_len, rounds_per_call = (
             None if value is None else int_arg(value, name) for name, value in (
                 ("max_new_tokens", max_new_tokens), ("max_len", max_len), ("rounds_per_call", rounds_per_call)))

@@ -136,7 +136,8 @@ class MTP(Speculator):
         check_head(head.cfg, target)
         self.cfg, self.k, self.target_cfg = head.cfg, tokens, target
         self.tree_size = self.k + 1
-        # h_t = final norm of the last decoder layer's output.
+        # h_t = final norm of the last decoder layer's output: the model's tap of its last layer is taken after
+        # the final norm (HF's hidden_states[-1]), so it is used as it comes.
         self.taps = (target.num_layers - 1,)
         self.graphdef, self.params = nnx.split(head)
 
@@ -149,7 +150,7 @@ class MTP(Speculator):
     def start(self, params, model, cache: MTPCache, taps, n, tokens):
         # Prefill runs before any round, so at most one row (the previous piece's last) is waiting, and
         # this piece's tokens are, in order, the next tokens of that row and of the piece's own rows.
-        h = model.norm(taps[:, :, 0])                                              # [B, P, D]
+        h = taps[:, :, 0]                                  # [B, P, D], the last layer's tap: final-normed
         b, p = tokens.shape
         hid = jnp.concatenate([cache.hidden[:, :1].astype(h.dtype), h], 1)        # [B, 1+P, D]
         nxt = jnp.concatenate([tokens, jnp.zeros((b, 1), tokens.dtype)], 1)       # row j's next token
@@ -200,6 +201,6 @@ class MTP(Speculator):
     def update(self, params, model, cache: MTPCache, taps, path, n):
         # Accepted row i pairs with the token of accepted node i+1; the last one's is the bonus, which
         # the next `propose` receives as the pending token.
-        h = model.norm(jnp.take_along_axis(taps[:, :, 0], path[..., None], 1))
+        h = jnp.take_along_axis(taps[:, :, 0], path[..., None], 1)                # final-normed already
         nxt = jnp.take_along_axis(cache.drafts, jnp.roll(path, -1, 1), 1)
         return dataclasses.replace(cache, hidden=h.astype(cache.hidden.dtype), next_tok=nxt, n_rows=n)

@@ -40,6 +40,8 @@ class Sampling:
         object.__setattr__(self, "top_k", int(self.top_k))      # a numpy integer becomes a plain int
         if self.top_k < 0:
             raise ValueError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real):
+            raise ValueError(f"--top-p must be a number, got {self.top_p!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
 

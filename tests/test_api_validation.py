@@ -63,10 +63,15 @@ def test_numpy_integers_are_counts_floats_are_not(target):
     engine = Engine(target)
     assert engine.generate(P, np.int64(4), max_len=np.int32(32), rounds_per_call=np.int64(1 << 30)).tokens == \
         engine.generate(P, 4, max_len=32).tokens
-    for kw in ({"max_new_tokens": 2.5}, {"max_new_tokens": 4.0}, {"max_len": 32.5}, {"rounds_per_call": 1.5}):
+    for kw in ({"max_new_tokens": 2.5}, {"max_new_tokens": 4.0}, {"max_new_tokens": None}, {"max_len": 32.5},
+               {"rounds_per_call": 1.5}, {"seed": 1.5}, {"seed": "3"}):
         args = {"max_new_tokens": 4, **kw}
         with pytest.raises(ValueError, match=f"{next(iter(kw))} must be an integer, got"):
             engine.generate(P, args.pop("max_new_tokens"), **args)
+    for seed in (2**63, -2**63 - 1, 2**70):     # jax.random.key takes an int64: it raised OverflowError
+        with pytest.raises(ValueError, match=f"seed must be a 64-bit integer .*, got {seed}"):
+            engine.generate(P, 4, seed=seed)
+    assert engine.generate(P, 4, seed=np.int64(2**63 - 1)).tokens == engine.generate(P, 4, seed=2**63 - 1).tokens
     drafter = Drafter(drafter_config(), rngs=nnx.Rngs(3))
     spec = DFlash(drafter, target.cfg, block_size=np.int64(4), budget=np.int64(8))
     assert (spec.block_size, spec.budget, spec.tree_size) == (4, 8, 9) and type(spec.budget) is int
@@ -130,7 +135,10 @@ def test_sampling_needs_a_finite_temperature_and_an_integer_top_k():
                       ({"temperature": 1.0, "top_k": True}, "--top-k must be an integer"),
                       # logits / 1e-39 overflowed float32: NaN log-probs, and token 0 drawn every time
                       ({"temperature": 1e-39}, r"--temperature must be 0 \(greedy\) or >= 0.0001, got 1e-39"),
-                      ({"temperature": 5e-5, "top_p": 0.9}, "--temperature must be 0")):
+                      ({"temperature": 5e-5, "top_p": 0.9}, "--temperature must be 0"),
+                      # a string was a bare comparison TypeError, True was taken as 1.0
+                      ({"temperature": 1.0, "top_p": "0.9"}, "--top-p must be a number, got '0.9'"),
+                      ({"temperature": 1.0, "top_p": True}, "--top-p must be a number, got True")):
         with pytest.raises(ValueError, match=words):
             Sampling(**kw)
     s = Sampling(temperature=np.float32(0.7), top_k=np.int64(5))
@@ -145,6 +153,10 @@ def test_stop_ids_outside_the_vocabulary_are_refused(target):
     with pytest.raises(ValueError, match="stop_tokens: token id must be an integer, got 3.5"):
         Engine(target, stop_tokens=[3.5])
     assert Engine(target, stop_tokens=np.array([7, 511])).stop.tolist() == [7, 511]
+    assert Engine(target, stop_tokens=None).stop.tolist() == [-1]      # the docstring's "None by default"
+    for stop in (5, "5"):     # a bare id (a TypeError), or a string of digits (its characters)
+        with pytest.raises(ValueError, match=f"stop_tokens must be a collection of token ids, got {stop!r}"):
+            Engine(target, stop_tokens=stop)
 
 
 def test_stop_tokens_default_to_none(target):
