@@ -18,6 +18,11 @@ class ConfigError(ValueError):
     """A config.json that jaxspec cannot run: names the file and the field."""
 
 
+# config.json's names of the TargetConfig fields named otherwise, for errors
+_HF_NAMES = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+             "conv_kernel": "linear_conv_kernel_dim"}
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
     """The Qwen3.5/3.6 hybrid text model (``qwen3_5_text``). Hashable, so it is static under jit."""
@@ -91,7 +96,7 @@ class TargetConfig:
                     "linear_value_head_dim", "conv_kernel")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"{_HF_NAMES.get(name, name)} must be positive, got {getattr(self, name)}")
         if self.max_position_embeddings < 0:
             raise ConfigError(f"max_position_embeddings must be >= 0 (0: no limit), got {self.max_position_embeddings}")
         if self.num_heads % self.num_kv_heads:
@@ -167,6 +172,25 @@ def eos_ids(source: str, v: Any) -> tuple[int, ...]:
 _TARGET_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
+def rope_section(source, hf: dict) -> dict:
+    """The RoPE settings of an HF config: `rope_parameters` (transformers 5) and the legacy `rope_scaling`, merged
+    with `rope_scaling`'s entries winning, as in transformers' `convert_rope_params_to_dict` (rope_parameters =
+    rope_scaling or rope_parameters). Only the plain rotation is supported: a YaRN / linear / dynamic type in either
+    is refused, never silently run as plain RoPE (a `rope_scaling` block added beside `rope_parameters`)."""
+    merged = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        part = hf.get(key)
+        if not part:
+            continue
+        if not isinstance(part, dict):
+            raise ConfigError(f"{source}: field {key!r} must be an object, got {part!r}")
+        rope_type = part.get("rope_type", part.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ConfigError(f"{source}: {key}.rope_type {rope_type!r} is not supported (only 'default')")
+        merged.update(part)
+    return merged
+
+
 def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, source: str = "config.json") -> TargetConfig:
     """Build a TargetConfig from a HF config dict, multimodal (``text_config``) or flat layout. Every field
     of the wrong type or value is a ConfigError naming `source` and the field."""
@@ -208,13 +232,7 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
     if len(layer_types) != n_layers:
         raise ConfigError(f"{source}: layer_types has {len(layer_types)} entries but num_hidden_layers = {n_layers}")
 
-    rope_key = next((k for k in ("rope_parameters", "rope_scaling") if hf.get(k)), None)
-    rope = hf[rope_key] if rope_key else {}
-    if not isinstance(rope, dict):
-        raise ConfigError(f"{source}: field {rope_key!r} must be an object, got {rope!r}")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ConfigError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
+    rope = rope_section(source, hf)
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
         raise ConfigError(f"{source}: no rope_theta (looked in rope_parameters and at the top level)")
@@ -232,11 +250,7 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
         ("linear_num_key_heads", "linear_num_key_heads"), ("linear_num_value_heads", "linear_num_value_heads"),
         ("linear_key_head_dim", "linear_key_head_dim"), ("linear_value_head_dim", "linear_value_head_dim"),
         ("conv_kernel", "linear_conv_kernel_dim"))}
-    head_dim = opt("head_dim", 0)
-    if not head_dim:  # HF's default: hidden_size / num_attention_heads
-        if ints["num_heads"] <= 0:
-            raise ConfigError(f"{source}: num_attention_heads must be positive, got {ints['num_heads']}")
-        head_dim = ints["hidden_size"] // ints["num_heads"]
+    head_dim = opt("head_dim", 256)   # absent: Qwen3_5TextConfig's default, 256 (not hidden_size / heads)
 
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -246,7 +260,9 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
     if hf.get("mlp_only_layers"):
         raise ConfigError(f"{source}: mlp_only_layers (MoE) is not supported")
     eos = eos_ids(source, hf.get("eos_token_id", top.get("eos_token_id")))
-    tie = top.get("tie_word_embeddings", hf.get("tie_word_embeddings"))
+    # The multimodal layout's flag is its top-level one (Qwen3_5ForConditionalGeneration reads no other, false when
+    # absent); the flat layout's is its own.
+    tie = top.get("tie_word_embeddings")
     tie = False if tie is None else as_bool(source, "tie_word_embeddings", tie)
     try:
         return TargetConfig(

@@ -193,12 +193,7 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
         if t not in (FULL, SLIDING):
             raise ConfigError(f"{source}: layer_types: unknown layer type {t!r} (expected {SLIDING!r} or {FULL!r})")
 
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise ConfigError(f"{source}: rope_parameters must be an object, got {rope!r}")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ConfigError(f"{source}: rope_parameters.rope_type {rope_type!r} is not supported (only 'default')")
+    rope = config.rope_section(source, hf)
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
         raise ConfigError(f"{source}: missing field 'rope_theta' (looked in rope_parameters and at the top level)")

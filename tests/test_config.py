@@ -151,16 +151,30 @@ def test_multimodal_dtype_falls_back_to_the_top_level():
     assert target_config_from_hf({**hf, "dtype": "float32"}).dtype == "float16"
 
 
-def test_head_dim_defaults_to_hidden_over_heads():
+def test_head_dim_defaults_like_transformers():
+    """Absent, head_dim is Qwen3_5TextConfig's default (256), not hidden_size / heads (16 here): that default made
+    jaxspec refuse, naming a head_dim the file never states, a checkpoint transformers loads."""
+    from transformers import Qwen3_5TextConfig
     hf = flat()
     del hf["head_dim"]
-    assert target_config_from_hf(hf).head_dim == 16
+    assert target_config_from_hf(hf).head_dim == Qwen3_5TextConfig.from_dict(hf).head_dim == 256
 
 
 def test_tie_word_embeddings_at_the_top_level_of_the_multimodal_layout():
+    """The multimodal layout's flag is the top-level one, as in transformers: text_config's is not read (it made
+    jaxspec tie the head, and refuse lm_head.weight, where transformers loads the model untied)."""
+    from transformers import Qwen3_5Config
     hf = nested()
     hf["tie_word_embeddings"] = True
     assert target_config_from_hf(hf).tie_word_embeddings
+    for top, text in ((None, True), (False, True), (True, False)):
+        hf = nested()
+        hf.pop("tie_word_embeddings", None)
+        if top is not None:
+            hf["tie_word_embeddings"] = top
+        hf["text_config"]["tie_word_embeddings"] = text
+        want = Qwen3_5Config.from_dict(copy.deepcopy(hf)).tie_word_embeddings
+        assert target_config_from_hf(hf).tie_word_embeddings == want == bool(top), (top, text)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,6 +260,10 @@ def test_qwen3_5_without_text_config(tmp_path):
     ({"mlp_only_layers": [0]}, ["mlp_only_layers"]),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7, "factor": 4.0}}, ["rope_type", "'yarn'"]),
     ({"rope_parameters": {"rope_type": "default"}}, ["rope_theta"]),
+    # transformers runs rope_scaling where both are given: a YaRN block beside plain rope_parameters ran as plain RoPE
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}},
+     ["rope_scaling.rope_type 'yarn'"]),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, ["rope_scaling.rope_type 'linear'"]),
 ])
 def test_unsupported_values(tmp_path, edit, words):
     refuse(tmp_path, {**flat(), **edit}, *words)
@@ -308,7 +326,8 @@ def test_missing_or_broken_file(tmp_path):
     ({"tie_word_embeddings": "false"}, ["field 'tie_word_embeddings' must be true or false"]),
     ({"eos_token_id": "abc"}, ["field 'eos_token_id' must be an integer or a list of integers, got 'abc'"]),
     ({"eos_token_id": [1, "2"]}, ["field 'eos_token_id' must be an integer or a list of integers"]),
-    ({"head_dim": None, "num_attention_heads": 0}, ["num_attention_heads must be positive"]),
+    ({"num_attention_heads": 0}, ["num_attention_heads must be positive"]),
+    ({"head_dim": None, "num_key_value_heads": 0}, ["num_key_value_heads must be positive"]),
 ])
 def test_fields_of_the_wrong_type(tmp_path, edit, words):
     refuse(tmp_path, {**flat(), **edit}, *words)

@@ -392,6 +392,10 @@ def test_rope_theta_nested_or_top_level():
         drafter_config_from_hf(nested, source="my/config.json")
     with pytest.raises(ConfigError, match="rope_type 'yarn'"):
         drafter_config_from_hf({**REAL, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}})
+    # beside plain rope_parameters, a rope_scaling block is what transformers runs: refused, not run as plain RoPE
+    with pytest.raises(ConfigError, match="rope_scaling.rope_type 'linear'"):
+        drafter_config_from_hf({**REAL, "rope_parameters": {"rope_type": "default", "rope_theta": 1e7},
+                                "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
 
 
 def test_use_sliding_window_false():
