@@ -196,7 +196,8 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
     rope = config.rope_section(source, hf)
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
-        raise ConfigError(f"{source}: missing field 'rope_theta' (looked in rope_parameters and at the top level)")
+        raise ConfigError(f"{source}: missing field 'rope_theta' (looked in rope_parameters, rope_scaling and at "
+                          "the top level)")
     theta = as_float("rope_theta", theta)
     if theta <= 0:
         raise ConfigError(f"{source}: rope_theta must be positive, got {theta}")

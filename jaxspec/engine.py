@@ -334,8 +334,8 @@ class Engine:
     """Holds the compiled prefill and round functions for one model, speculator and sampling.
 
     stop_tokens: the token ids that end a sequence (emitted, then nothing after). None by default (`()`; `None` is
-    taken as `()`): the model's EOS ids (`model.cfg.eos_token_ids`, from config.json / generation_config.json) are not used unless passed
-    here, e.g. `stop_tokens=model.cfg.eos_token_ids` (as the `jaxspec.generate` CLI does)."""
+    taken as `()`): the model's EOS ids (`model.cfg.eos_token_ids`, from config.json / generation_config.json) are
+    not used unless passed here, e.g. `stop_tokens=model.cfg.eos_token_ids` (as the `jaxspec.generate` CLI does)."""
 
     def __init__(self, model: Qwen35, speculator=None, sampling: Sampling = Sampling(), *,
                  stop_tokens=(), prefill_chunk: int = PREFILL_CHUNK, mesh=None):
