@@ -15,7 +15,7 @@ from pathlib import Path
 # The files that make a vocabulary, either of them; and those that come with one (a dir holding any of them but no
 # vocabulary has an incomplete tokenizer, not none).
 _VOCAB = (("tokenizer.json",), ("vocab.json", "merges.txt"))
-_COMPANIONS = ("tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+_COMPANIONS = ("tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json", "chat_template.jinja")
 _JSON = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "special_tokens_map.json")
 
 
@@ -38,6 +38,11 @@ def load_tokenizer(model_dir: str | Path | None) -> Tokenizer:
         raise FileNotFoundError(f"{model_dir}: no such directory (expected a model dir with its tokenizer files)")
     if not model_dir.is_dir():
         raise NotADirectoryError(f"{model_dir}: not a directory (expected a model dir with its tokenizer files)")
+    for f in ("tokenizer.json",) + _COMPANIONS:   # a dangling link (an HF cache blob never fetched) or a folder
+        path = model_dir / f                    # counted as absent: the Qwen3.6 vocabulary, silently
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            what = "a link to nothing" if not path.exists() else "not a file"
+            raise ValueError(f"{path}: {what} (expected the tokenizer file itself)")
     if any(all((model_dir / f).is_file() for f in files) for files in _VOCAB):
         return _hf(model_dir)
     present = [f for f in _COMPANIONS if (model_dir / f).exists()]

@@ -75,6 +75,29 @@ def test_tokenizer_files_without_a_vocabulary_are_refused(tmp_path):
         load_tokenizer(tmp_path)
 
 
+def test_a_tokenizer_file_that_is_not_a_file_is_refused(tmp_path):
+    """A tokenizer.json that links to nothing (an HF cache snapshot whose blob was never fetched) or is a folder was
+    taken as absent: the dir got the Qwen3.6 vocabulary without a word. So did a chat template alone."""
+    import os
+
+    import pytest
+    link = tmp_path / "link"
+    link.mkdir()
+    os.symlink(tmp_path / "no-such-blob", link / "tokenizer.json")
+    with pytest.raises(ValueError, match="a link to nothing") as e:
+        load_tokenizer(link)
+    assert str(link / "tokenizer.json") in str(e.value)
+    folder = tmp_path / "folder"
+    (folder / "tokenizer.json").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"tokenizer.json: not a file"):
+        load_tokenizer(folder)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(ValueError, match="has chat_template.jinja but no tokenizer.json"):
+        load_tokenizer(alone)
+
+
 def test_vocab_and_merges_without_tokenizer_json_load(tmp_path):
     import json
     _small_bpe().model.save(str(tmp_path))                      # vocab.json + merges.txt
