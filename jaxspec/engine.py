@@ -23,7 +23,7 @@ from flax import nnx
 from jaxspec import tree as trees
 from jaxspec.config import ConfigError
 from jaxspec.model import Qwen35, State, commit, init_state
-from jaxspec.sampling import Sampling, categorical, choose, log_probs
+from jaxspec.sampling import Sampling, categorical, choose, log_probs, seed_problem
 from jaxspec.sharding import check_laid_out, check_mesh, constrain_state, dp_degree, room_problem, state_maker
 from pallas_kernels.dispatch import LOOP_GRAPHS_MODES, check_flags
 
@@ -484,8 +484,8 @@ class Engine:
         prompts = check_prompts(prompts, self.cfg.vocab_size)
         max_len = int_arg(max_len, "max_len")
         seed = int_arg(seed, "seed")
-        if not -2**63 <= seed < 2**63:          # what jax.random.key takes: an int64
-            raise ValueError(f"seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {seed}")
+        if problem := seed_problem(seed, "seed"):
+            raise ValueError(problem)
         b = len(prompts)
         lens = np.array([len(p) for p in prompts], np.int32)
         if lens.max() >= max_len:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from jaxspec.config import FULL, LINEAR, TargetConfig
-from jaxspec.sampling import Sampling
+from jaxspec.sampling import Sampling, seed_problem
 
 METHODS = ("ar", "dflash", "ddtree", "mtp")
 DEMO_ENV = "JAXSPEC_DEMO_DIR"
@@ -219,8 +219,8 @@ def _main(argv) -> int:
                         ("--rounds-per-call", args.rounds_per_call), ("--prefill-chunk", args.prefill_chunk)):
         if value is not None and value < 1:
             parser().error(f"{flag} must be >= 1, got {value}")
-    if not -2**63 <= args.seed < 2**63:         # what jax.random.key (and nnx.Rngs) take: an int64
-        parser().error(f"--seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {args.seed}")
+    if problem := seed_problem(args.seed, "--seed"):
+        parser().error(problem)
     if args.repeats is not None and args.repeats < 1:
         parser().error(f"--repeats must be >= 1, got {args.repeats}")
     if args.repeats is not None and not compare:

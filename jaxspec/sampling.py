@@ -20,6 +20,13 @@ from pallas_kernels.verify.reference import categorical
 MIN_TEMPERATURE = 1e-4     # the smallest positive temperature: logits / T stays far inside float32's range
 
 
+def seed_problem(seed: int, name: str) -> str | None:
+    """Why `seed` cannot seed jax.random.key (or nnx.Rngs), which take an int64; None if it can."""
+    if not -2**63 <= seed < 2**63:
+        return f"{name} must be a 64-bit integer (-2**63 to 2**63 - 1), got {seed}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """temperature 0 means greedy. top_k 0 means no top-k cut; top_p 1.0 no nucleus cut."""
