@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors.numpy import save_file
@@ -38,7 +39,7 @@ from safetensors.numpy import save_file
 from convert.hf import (CONVERTED_META, MTP_FILE, PARAMS, TARGET_FORMAT, CheckpointError, ShardingSpec,
                         abstract_params, assemble, has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
-from jaxspec.files import blocking_file, replace_dir
+from jaxspec.files import blocking_file, orbax_path_problem, replace_dir
 from jaxspec.model import Qwen35, fuse_params, split_params
 
 META = CONVERTED_META                          # "jaxspec.json"
@@ -49,6 +50,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 
 class OutDirError(OSError):
     """`out_dir` (or the temp dir beside it) cannot be written: the message names the dir and the reason."""
+
+
+class OutDirTaken(FileExistsError):
+    """`out_dir` exists and may not be replaced (no overwrite, or it is not a previous conversion of this kind)."""
 
 
 def _out_dir_error(out_dir: Path, e: OSError) -> OutDirError:
@@ -156,24 +161,54 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
     src_cfg = kind.load_config(src_dir, model.cfg.dtype)
     if src_cfg != model.cfg:
         raise CheckpointError(_not_described(config_path, src_cfg, model))
+    _check_params(kind, model, config_path)
 
     try:
-        _write(kind, model, out_dir, src_dir, config_path, progress, extra)
+        _write(kind, model, out_dir, src_dir, config_path, progress, extra, overwrite)
+    except OutDirTaken:
+        raise                     # `out_dir` appeared during the write: refused as before it
     except OSError as e:  # a read-only or full disk: the temp dir is gone, `out_dir` untouched
-        if _reading(e, src_dir):
+        if _reading(e, src_dir, out_dir):
             raise                 # the source could not be read: not OUT_DIR's fault
         raise _out_dir_error(out_dir, e) from e
     return out_dir
 
 
-def _reading(e: OSError, src_dir: Path) -> bool:
-    """Whether `e` names a file in the source checkpoint (a copy or read of it failed), not one being written."""
-    return e.filename is not None and Path(e.filename).absolute().is_relative_to(src_dir.absolute())
+def _check_params(kind: Kind, model, config_path: Path) -> None:
+    """Every param of `model` has the shape and dtype that its config implies (what a restore reads it as):
+    otherwise the store would not restore, or not bit for bit."""
+    _, flat = kind.abstract(model.cfg)
+    want = {path: var.get_value() for path, var in flat}
+    have = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
+    name = lambda path: ".".join(map(_key, path))
+    missing, extra = sorted(map(name, want.keys() - have.keys())), sorted(map(name, have.keys() - want.keys()))
+    if missing or extra:
+        raise CheckpointError(f"the model's params do not match {config_path}: missing {missing[:5]}, unexpected "
+                              f"{extra[:5]}")
+    for path, a in want.items():
+        x = have[path]
+        if tuple(x.shape) != tuple(a.shape) or x.dtype != a.dtype:
+            raise CheckpointError(f"param {name(path)!r} is {x.dtype.name}{list(x.shape)}, but {config_path} in "
+                                  f"{model.cfg.dtype} implies {a.dtype.name}{list(a.shape)}; not saved")
+
+
+def _reading(e: OSError, src_dir: Path, out_dir: Path) -> bool:
+    """Whether `e` names a file in the source checkpoint (a copy or read of it failed), not one being written (in
+    `out_dir` or a temp dir beside it, which may lie inside the source dir)."""
+    if e.filename is None:
+        return False
+    f = Path(e.filename).absolute()
+    if any(p == out_dir or (p.parent == out_dir.parent and p.name.startswith(f".{out_dir.name}."))
+           for p in (f, *f.parents)):
+        return False
+    return f.is_relative_to(src_dir.absolute())
 
 
 def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, progress: bool,
-           extra: Callable[[Path], None] | None) -> None:
-    """The writing half of `save`: a temp dir beside `out_dir`, renamed into place once complete."""
+           extra: Callable[[Path], None] | None, overwrite: bool) -> None:
+    """The writing half of `save`: a temp dir beside `out_dir`, renamed into place once complete. `out_dir` is
+    checked again just before the rename: a dir that appeared there during the write is refused as `check_out_dir`
+    refuses it."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in _stale_temp_dirs(out_dir):
         print(f"convert: removing {stale}, left behind by an interrupted conversion to {out_dir}", file=sys.stderr,
@@ -196,6 +231,8 @@ def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, p
                     "source": str(src_dir.absolute())}
             (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
             with hold():
+                if out_dir.exists() or out_dir.is_symlink():
+                    _check_replaceable(kind, out_dir, overwrite)
                 replace_dir(tmp, out_dir)
         except BaseException:
             with hold():
@@ -224,14 +261,18 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
     - `out_dir` is one of the `protected` dirs ({what: dir}: the source checkpoint, the --target dir) or a
       folder above one: replacing it would delete that dir (CheckpointError).
     - A path component above `out_dir` is a file, so `out_dir` cannot be created (CheckpointError).
-    - `out_dir` exists and `overwrite` is false (FileExistsError).
+    - `out_dir`'s path has a character Orbax's writer globs (`[`, `]`, a backslash) (CheckpointError).
+    - `out_dir` exists and `overwrite` is false (OutDirTaken, a FileExistsError).
     - With `overwrite`, `out_dir` is replaced only when it is an empty dir or a previous conversion of the same
       kind (its jaxspec.json names `kind.format`): never a dir of other files, nor another kind's conversion
-      (FileExistsError).
+      (OutDirTaken).
     - No dir can be made beside `out_dir` (read-only, /proc, ...), where the save writes its temp dir: a probe dir
       is made and removed in the nearest existing folder above `out_dir` (OutDirError).
     """
     out_dir = Path(out_dir).absolute()
+    problem = orbax_path_problem(out_dir)
+    if problem:
+        raise CheckpointError(f"{out_dir}: {problem}")
     # Compared both as written (`..` folded) and with symlinks resolved.
     spellings = lambda p: {Path(os.path.abspath(p)), Path(p).resolve()}
     outs = spellings(out_dir)
@@ -263,24 +304,25 @@ def _probe_writable(out_dir: Path) -> None:
 def _check_replaceable(kind: Kind, out_dir: Path, overwrite: bool) -> None:
     """The part of `check_out_dir` for an `out_dir` that exists."""
     if not overwrite:
-        raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
+        raise OutDirTaken(f"{out_dir}: already exists (pass overwrite=True / --overwrite to replace it)")
     if not out_dir.is_dir():
-        raise FileExistsError(f"{out_dir}: not replaced: it is a file, not a converted checkpoint dir")
+        what = "a file" if out_dir.exists() else "a link to nothing"
+        raise OutDirTaken(f"{out_dir}: not replaced: it is {what}, not a converted checkpoint dir")
     names = sorted(p.name for p in out_dir.iterdir())
     if not names:
         return
     if META not in names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise FileExistsError(f"{out_dir}: not replaced: it holds files ({shown}) but no {META}, so it is not a "
+        raise OutDirTaken(f"{out_dir}: not replaced: it holds files ({shown}) but no {META}, so it is not a "
                               f"previous conversion; --overwrite replaces only an empty dir or a converted {kind.name} "
                               "dir")
     try:
         found = json.loads((out_dir / META).read_text()).get("format")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-        raise FileExistsError(f"{out_dir}: not replaced: its {META} is unreadable ({type(e).__name__}), so it may "
+        raise OutDirTaken(f"{out_dir}: not replaced: its {META} is unreadable ({type(e).__name__}), so it may "
                               "not be a previous conversion") from None
     if found != kind.format:
-        raise FileExistsError(f"{out_dir}: not replaced: it holds format {found!r} ({META}), not a converted "
+        raise OutDirTaken(f"{out_dir}: not replaced: it holds format {found!r} ({META}), not a converted "
                               f"{kind.name} ({kind.format!r}); remove it yourself or choose another output dir")
 
 
@@ -290,12 +332,13 @@ _TMP_ID = re.compile(r"(?:(\d+)-)?[0-9a-f]{12}")      # the saving process's id 
 
 def _stale_temp_dirs(out_dir: Path) -> list[Path]:
     """`.NAME.tmp-PID-XXXXXXXXXXXX` dirs beside `out_dir` (NAME its name) whose process is gone: what a save
-    killed without a chance to clean up (SIGKILL, a power cut) left behind. A running save's (another conversion
-    to the same dir) is left alone."""
-    prefix = f".{out_dir.name}{_TMP}"
+    killed without a chance to clean up (SIGKILL, a power cut) left behind; and `.NAME.old-PID-XXXXXXXXXXXX`, the
+    previous `out_dir` that such a save with overwrite had moved aside (jaxspec/files.py `replace_dir`). A running
+    save's (another conversion to the same dir) are left alone."""
     stale = []
     for p in out_dir.parent.iterdir():
-        m = _TMP_ID.fullmatch(p.name[len(prefix):]) if p.name.startswith(prefix) else None
+        prefix = next((f".{out_dir.name}{t}" for t in (_TMP, ".old-") if p.name.startswith(f".{out_dir.name}{t}")), "")
+        m = _TMP_ID.fullmatch(p.name[len(prefix):]) if prefix else None
         if m and p.is_dir() and not p.is_symlink() and not (m.group(1) and _running(int(m.group(1)))):
             stale.append(p)
     return sorted(stale)
@@ -316,20 +359,25 @@ def _running(pid: int) -> bool:
 def _sigterm_raises():
     """While inside, SIGTERM raises SystemExit(143) (128 + SIGTERM, the status of a process it kills), so that
     the cleanup of `save` runs instead of the process dying with its temp dir left behind. Yields `hold`: a
-    SIGTERM during a `with hold():` block is raised at its end, so that the renames of `replace_dir` are never
-    split. Only in the main thread (where Python runs signal handlers) and only where SIGTERM has its default
-    action: a handler the program set, or an ignored SIGTERM, is left alone. The previous handler is restored."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield contextlib.nullcontext
-        return
+    SIGTERM or SIGINT (Ctrl-C) during a `with hold():` block is raised at its end (SystemExit(143),
+    KeyboardInterrupt), so that the renames of `replace_dir` and the removal of the dir it replaced are never
+    split. Only in the main thread (where Python runs signal handlers) and only for a signal with its default
+    action: a handler the program set, or an ignored signal, is left alone. The previous handlers are restored."""
+    defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    ours = [sig for sig, default in defaults.items()
+            if threading.current_thread() is threading.main_thread() and signal.getsignal(sig) is default]
     state = {"held": False, "pending": None}
+
+    def raise_for(signum):
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
 
     def handler(signum, frame):
         if state["held"]:
-            state["pending"] = signum
+            state["pending"] = state["pending"] or signum
         else:
-            raise SystemExit(128 + signum)
+            raise_for(signum)
 
     @contextlib.contextmanager
     def hold():
@@ -339,13 +387,14 @@ def _sigterm_raises():
         finally:
             state["held"] = False
         if state["pending"] is not None:
-            raise SystemExit(128 + state["pending"])
+            raise_for(state["pending"])
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in ours}
     try:
         yield hold
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 # Host memory in flight while saving / restoring: the params are as large as the host RAM of many
@@ -360,7 +409,25 @@ def _write_params(model: nnx.Module, path: Path):
     if need > free:     # before minutes of writing, not at the end of them (Orbax's own error is a long traceback)
         raise OSError(errno.ENOSPC, f"no space left: the params take {need / 1e9:.2f} GB, {free / 1e9:.2f} GB are free "
                       "in", str(path.parent))
-    write_tree(values, path)
+    try:
+        write_tree(values, path)
+    except (ValueError, RuntimeError) as e:  # TensorStore's write errors (a full disk, a quota) are ValueErrors
+        raise OSError(errno.EIO, f"writing the params failed ({_cause(e)[1]})") from e
+    _check_written(path, values)
+
+
+def _check_written(path: Path, values: dict) -> None:
+    """Orbax's metadata in the written `path` lists every param: a save that reported success but wrote an
+    incomplete checkpoint is caught here, not by a later restore."""
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            tree = getattr(ckptr.metadata(path).item_metadata, "tree", None)
+    except Exception as e:  # Orbax raises many types for an incomplete dir
+        tree, why = None, _cause(e)[1]
+    else:
+        why = "no metadata"
+    if tree is None or set(_flatten(tree)) != {tuple(map(_key, p)) for p in values}:
+        raise OSError(errno.EIO, f"Orbax wrote an incomplete checkpoint ({why if tree is None else 'params missing'})")
 
 
 def write_tree(values: dict, path: Path):
@@ -393,6 +460,8 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
     progress: a line on stderr before the read and one after (default: for params over 1 GB on disk; Orbax reads
     them in one call, minutes for a 27B target)."""
     out_dir = Path(out_dir).absolute()
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     params = out_dir / PARAMS
     if not params.is_dir():
         raise CheckpointError(f"{out_dir}: not a converted checkpoint (no {PARAMS}/ dir)")
@@ -425,10 +494,14 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
         if missing or extra:
             raise CheckpointError(f"{params}: saved params do not match the model of {out_dir / 'config.json'}: "
                                   f"missing {missing[:5]}, unexpected {extra[:5]}")
+        saved_dtype = jnp.dtype(meta["dtype"])    # every param is stored in it (`save` checks)
         for k, (p, a) in want.items():
             if tuple(stored[k].shape) != tuple(a.shape):
                 raise CheckpointError(f"{params}: param {'.'.join(k)!r} has shape {list(stored[k].shape)}, but "
                                       f"{out_dir / 'config.json'} implies {list(a.shape)}")
+            if jnp.dtype(stored[k].dtype) != saved_dtype:
+                raise CheckpointError(f"{params}: param {'.'.join(k)!r} is stored as {jnp.dtype(stored[k].dtype)}, "
+                                      f"but {out_dir / META} says {meta['dtype']}")
         target = _nest({k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=resolve_sharding(sharding, p, a.shape))
                         for k, (p, a) in want.items()})
         if report:      # after the checks: an error line is the only line a damaged checkpoint gives

@@ -27,7 +27,9 @@ def replace_dir(new: Path, out: Path) -> None:
     if not (out.exists() or out.is_symlink()):
         os.rename(new, out)
         return
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    # Named like the save's temp dirs (the process id, then a uuid's 12 hex digits), so that one a killed process
+    # left behind can be told from a running one's (convert/store.py `_stale_temp_dirs` removes them).
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     os.rename(out, old)
     try:
         os.rename(new, out)
@@ -38,6 +40,20 @@ def replace_dir(new: Path, out: Path) -> None:
         shutil.rmtree(old)
     else:
         old.unlink()
+
+
+# Orbax's writer globs the paths it writes (jax 0.11 / orbax-checkpoint 0.12): under a dir named `a[1]` it writes
+# no arrays, under a backslash it writes them elsewhere, and both times reports success.
+ORBAX_UNSAFE = "[]\\"
+
+
+def orbax_path_problem(path: str | Path) -> str | None:
+    """Why Orbax cannot write checkpoints under `path` (the characters of it that it globs); None where it can."""
+    odd = sorted(set(str(Path(path).absolute())) & set(ORBAX_UNSAFE))
+    if not odd:
+        return None
+    return (f"has {' '.join(odd)} in its path, which Orbax's writer takes as a glob pattern (its checkpoints "
+            "would not restore); choose a path without them")
 
 
 def blocking_file(path: str | Path, *, parents_only: bool = False) -> Path | None:

@@ -247,9 +247,15 @@ def from_tp_layout(src, tp: int, flat: dict) -> dict | None:
 
 def shard_module(module, mesh: Mesh, build: Callable[[Any], Any], cfg_of: Callable[[Any], Any] = lambda m: m.cfg):
     """A copy of an unsharded NNX module (target or drafter) in the tp layout of `mesh`, its parameters
-    placed with their NamedShardings. `build(cfg)` constructs the module for a config (abstractly)."""
+    placed with their NamedShardings. `build(cfg)` constructs the module for a config (abstractly). A module
+    already in a tp layout is refused: its config no longer says how the unsharded one reads (kv heads repeated,
+    vocabulary padded), so a second layout would disagree with it."""
     from flax import nnx
 
+    held = model_tp_degree(module)
+    if held > 1:
+        raise ConfigError(f"the {type(module).__name__} is already in a {held}-way tensor-parallel layout; lay out "
+                          "the unsharded one (loaded without mesh=)")
     cfg = cfg_of(module)
     tp = tp_degree(mesh)
     tcfg = tp_config(cfg, tp)

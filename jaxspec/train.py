@@ -65,7 +65,7 @@ from jaxspec import tree as trees
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.files import blocking_file, write_atomic
+from jaxspec.files import blocking_file, orbax_path_problem, write_atomic
 from jaxspec.sharding import claim_device_memory
 from jaxspec.provenance import git_info
 from jaxspec.model import Qwen35, init_state
@@ -260,6 +260,8 @@ class Trainer:
         self._pending: list = []
         self.diverged: int | None = None     # the first step whose loss was not finite: nothing is saved after it
         self.ckpt_dir = Path(ckpt_dir).absolute() if ckpt_dir else None
+        if self.ckpt_dir is not None and orbax_path_problem(self.ckpt_dir):
+            raise ValueError(f"{name}: checkpoint dir {self.ckpt_dir}: {orbax_path_problem(self.ckpt_dir)}")
         self._mgr = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
         self._eval_fn = None
@@ -1527,8 +1529,8 @@ def run_pair(args) -> int:
         prompt_pkgs = package_files(n_pkg, part="prompts") if n_pkg and unseen else []
     except ValueError as e:
         raise ConfigError(f"--package-text {n_pkg}: {e}") from None
-    out = out_dir(args.out, "--out")
-    work = out_dir(args.work, "--work") if args.work else out / "work"
+    out = out_dir(args.out, "--out", checkpoints=not args.work)
+    work = out_dir(args.work, "--work", checkpoints=True) if args.work else out / "work"
     out.mkdir(parents=True, exist_ok=True)
     pair = work / "pair"
     tdir, ddir = pair / "target", pair / "drafter"
@@ -1844,13 +1846,16 @@ def check_room(args, block: int) -> None:
         raise ConfigError(f"--gen-new {args.gen_new}: too short {room}; the least is {block + args.anchors - 2}")
 
 
-def out_dir(path, flag: str) -> Path:
+def out_dir(path, flag: str, *, checkpoints: bool = False) -> Path:
     """`path` (absolute), refused by a ConfigError naming `flag` when it, or the nearest of its parents that exists,
-    is not a directory."""
+    is not a directory; with `checkpoints` (Orbax writes under it), also where Orbax cannot write."""
     path = Path(path).absolute()
     p = blocking_file(path)
     if p is not None:
         raise ConfigError(f"{flag} {path}: {'it' if p == path else p} is a file, not a directory")
+    problem = orbax_path_problem(path) if checkpoints else None
+    if problem:
+        raise ConfigError(f"{flag} {path}: {problem}")
     return path
 
 
@@ -1886,7 +1891,7 @@ def run_drafter(args) -> int:
                           f"target's greedy token, not its distribution")
     if not args.init:
         check_room(args, args.block)
-    out = out_dir(args.out, "--out")
+    out = out_dir(args.out, "--out", checkpoints=True)
     try:
         text = list(args.text) + (package_files(args.package_text, part="prompts") if args.package_text else [])
     except ValueError as e:

@@ -631,6 +631,181 @@ def test_failed_save_leaves_nothing_behind(ckpts, tmp_path, monkeypatch, existin
         assert sorted(p.name for p in out.iterdir()) == ["jaxspec.json", "keep.txt"]
 
 
+def test_an_out_dir_that_appears_during_the_write_is_not_replaced(ckpts, tmp_path, monkeypatch):
+    """OUT_DIR is checked again just before the final rename: a dir made there during the (minutes-long) write, by
+    the user or a second conversion, is refused as it would have been before the load, and keeps its files."""
+    from convert import store
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    out = tmp_path / "out"
+    real = store.write_tree
+
+    def write_then_appear(values, path):
+        real(values, path)
+        out.mkdir()
+        (out / "precious.txt").write_text("mine")
+
+    monkeypatch.setattr(store, "write_tree", write_then_appear)
+    for overwrite, words in [(False, "already exists"), (True, "it holds files (precious.txt) but no jaxspec.json")]:
+        with pytest.raises(FileExistsError, match=re.escape(words)) as e:
+            save_converted(model, out, src, overwrite=overwrite)
+        assert str(e.value).startswith(f"{out}: ") and not isinstance(e.value, store.OutDirError)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+        assert [p.name for p in out.iterdir()] == ["precious.txt"] and (out / "precious.txt").read_text() == "mine"
+        shutil.rmtree(out)
+
+
+def test_save_refuses_a_param_whose_dtype_or_shape_the_config_does_not_imply(ckpts, tmp_path):
+    """A restore reads every param in jaxspec.json's dtype and the config's shape: a param that differs would come
+    back rounded (or not at all), so the save refuses it, naming it; nothing is written."""
+    from convert import store
+    src = ckpts["causal"][0]
+    for change, words in [(lambda x: x.astype(jnp.float32), "is float32[512, 64], but"),
+                          (lambda x: x[:-1], "is bfloat16[511, 64], but")]:
+        model = load_target(src, dtype="bfloat16")
+        model.embed_tokens.set_value(change(model.embed_tokens.get_value()))
+        with pytest.raises(CheckpointError, match=re.escape(f"param 'embed_tokens' {words}")) as e:
+            store.save_converted(model, tmp_path / "out", src)
+        assert "implies bfloat16[512, 64]; not saved" in str(e.value)
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_restore_refuses_params_stored_in_another_dtype_than_jaxspec_json_says(ckpts, tmp_path):
+    src = ckpts["causal"][0]
+    out = save_converted(load_target(src, dtype="float32"), tmp_path / "out", src)
+    meta = out / "jaxspec.json"
+    meta.write_text(meta.read_text().replace('"float32"', '"bfloat16"'))
+    for dtype in (None, "float32"):
+        with pytest.raises(CheckpointError, match=r"params: param '[\w.]+' is stored as float32, but .*jaxspec.json "
+                                                  "says bfloat16"):
+            restore_converted(out, dtype=dtype)
+    with pytest.raises(ValueError, match="^dtype 'bf16' is not one of float32, bfloat16, float16$"):
+        restore_converted(out, dtype="bf16")
+
+
+def test_a_write_error_of_tensorstore_names_out_dir(ckpts, tmp_path, monkeypatch, capsys):
+    """A full disk or a quota hit while Orbax writes: TensorStore raises a ValueError, not an OSError. It is an
+    OutDirError naming OUT_DIR and the cause, as for an OSError; nothing is left behind."""
+    from convert import store
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+
+    def full(values, path):
+        path.mkdir()
+        raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "embed_tokens/0.0" in OCDBT database at local file '
+                         f'"{path}/d/x": No space left on device')
+
+    monkeypatch.setattr(store, "write_tree", full)
+    out = tmp_path / "out"
+    with pytest.raises(store.OutDirError) as e:
+        save_converted(model, out, src)
+    assert str(e.value).startswith(f"{out}: cannot be written: writing the params failed (ValueError: "
+                                   "RESOURCE_EXHAUSTED: Error writing"), e.value
+    assert list(tmp_path.iterdir()) == []
+    capsys.readouterr()
+    assert cli_main(["target", str(src), str(out), "--dtype", "float32"]) == 2      # one line, no traceback
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]     # after the load's progress lines
+    assert last.startswith(f"error: {out}: cannot be written: writing the params") and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_incomplete_orbax_checkpoint_is_not_reported_as_saved(ckpts, tmp_path, monkeypatch):
+    """What Orbax wrote is read back before the rename: a checkpoint without every param's metadata (as Orbax
+    leaves one in a path it globs wrongly) fails the save, not a later restore."""
+    from convert import store
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    real = store.write_tree
+    monkeypatch.setattr(store, "write_tree", lambda values, path: real(dict(list(values.items())[1:]), path))
+    out = tmp_path / "out"
+    with pytest.raises(store.OutDirError, match=re.escape(f"{out}: cannot be written: Orbax wrote an incomplete "
+                                                          "checkpoint (params missing)")):
+        save_converted(model, out, src)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["a[1]", "back\\slash"])
+def test_a_path_that_orbax_globs_is_refused_before_loading(bad, tmp_path, capsys, monkeypatch, name):
+    """Orbax's writer globs the temp dir's path: under `a[1]` it writes no params, under a backslash it writes them
+    elsewhere, and reports success both times. Such an OUT_DIR is refused before the load."""
+    src = bad()
+    capsys.readouterr()  # what writing the fixture printed
+    monkeypatch.setattr(hf, "load_target", lambda *a, **kw: pytest.fail("loaded the model before checking OUT_DIR"))
+    out = tmp_path / name / "out"
+    assert cli_main(["target", str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: has ") and "which Orbax's writer takes as a glob pattern" in err, err
+    assert not (tmp_path / name).exists()
+
+
+def test_what_a_killed_overwrite_moved_aside_is_removed_by_the_next_save(ckpts, tmp_path):
+    """A save with overwrite moves the previous OUT_DIR aside as .NAME.old-PID-XXXX before its rename; killed
+    between the two, it leaves that dir (a whole conversion's size). The next save removes it, as it removes a
+    killed save's temp dir, but never a running process's."""
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".out.old-{dead}-0123456789ab"
+    live = tmp_path / f".out.old-{os.getpid()}-0123456789ab"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "jaxspec.json").write_text('{"format": "jaxspec-target"}')
+    save_converted(model, tmp_path / "out", src)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "out"]
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own Ctrl-C handler, as an interactive run has: a job that a shell put in the background starts with
+    SIGINT ignored, and the save leaves an ignored SIGINT alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_the_replace_waits_for_it(ckpts, tmp_path, monkeypatch, default_sigint):
+    """Ctrl-C while an earlier conversion is being replaced is raised once the new one is in place and the old one
+    removed: never a missing OUT_DIR, nor an old dir left beside it."""
+    from convert import store
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    out = save_converted(model, tmp_path / "out", src)
+    real = shutil.rmtree
+
+    def interrupted(path, *a, **kw):    # Ctrl-C as the replaced conversion's removal starts
+        if ".old-" in Path(path).name:
+            signal.raise_signal(signal.SIGINT)
+        real(path, *a, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_converted(model, out, src, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert_bit_identical(restore_converted(out), model)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_write_error_in_an_out_dir_inside_the_source_names_out_dir(ckpts, tmp_path, monkeypatch):
+    """OUT_DIR may lie inside the source dir (`convert target ckpt ckpt/jax`): an error writing its temp dir is
+    still OUT_DIR's, not the source's."""
+    import errno
+    from convert import store
+    src = tmp_path / "ckpt"
+    shutil.copytree(ckpts["causal"][0], src)
+    model = load_target(src, dtype="float32")
+
+    def full(values, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path / "d" / "x"))
+
+    monkeypatch.setattr(store, "write_tree", full)
+    out = src / "jax"
+    with pytest.raises(store.OutDirError, match=re.escape(f"{out}: cannot be written: No space left on device")):
+        save_converted(model, out, src)
+    assert not any(p.name.startswith(".jax") or p.name == "jax" for p in src.iterdir())
+
+
 def test_save_refuses_a_model_the_config_does_not_describe(ckpts, tmp_path):
     other = tmp_path / "other"
     make_causal_lm(other, intermediate_size=96)
@@ -741,6 +916,7 @@ def replace_after_sigterm(tmp, out_dir):
     replace(tmp, out_dir)
 
 store._write_params, store.replace_dir = write_params, replace_after_sigterm
+store._check_params = lambda kind, model, config_path: None     # a fake model: no params to check
 store.save(store.Kind("fake", "jaxspec-fake", 1, lambda path, dtype: cfg, None), SimpleNamespace(cfg=cfg), out, src)
 """
 

@@ -533,6 +533,19 @@ def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
         S.make_mesh(8, 2)
 
 
+def test_a_model_already_laid_out_is_not_laid_out_again(target, drafter):
+    """A tp layout's config no longer says how the unsharded model reads (kv heads repeated, vocabulary padded): laid
+    out again for another degree, its config would disagree with its arrays (and an export would write the repeated
+    kv heads). Refused, naming the degree it holds; the unsharded model lays out as ever."""
+    for module, shard in [(target, S.shard_target), (drafter, S.shard_drafter)]:
+        once = shard(module, S.make_mesh(2, 1))
+        for tp in (2, 4):
+            with pytest.raises(ConfigError, match=rf"^the {type(module).__name__} is already in a 2-way "
+                                                  r"tensor-parallel layout; lay out the unsharded one"):
+                shard(once, S.make_mesh(tp, 1))
+        assert S.model_tp_degree(shard(module, S.make_mesh(4, 1))) == 4
+
+
 BAD_MESHES = {   # mesh (names, shape) -> what the error names; "explicit" is jax.make_mesh's (1, 4) mesh
     "explicit": r"types \('Explicit', 'Explicit'\).*AxisType\.Auto",
     "x-y": r"axes \('x', 'y'\)", "dp-tp": r"axes \('dp', 'tp'\)", "1-D": r"axes \('model',\)",

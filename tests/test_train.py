@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sysconfig
 import time
@@ -1713,6 +1714,24 @@ def test_checkpoints_carry_their_metadata_and_a_damaged_step_is_skipped(tmp_path
     (ck / "meta.json").write_text('{"step": 4')
     with pytest.raises(train.ConfigError, match=r"meta\.json: unreadable checkpoint metadata"):
         _drafter_trainer(ck, steps=6).restore()
+
+
+@pytest.mark.parametrize("name", ["a[1]", "back\\slash"])
+def test_a_checkpoint_dir_that_orbax_globs_is_refused(cli_target, tmp_path, capsys, name):
+    """Orbax's writer globs its paths: checkpoints under `a[1]` or a backslash would be saved "successfully" and
+    never restore (a resumed run would start over). drafter's --out, pair's --out / --work, and the Trainer itself
+    refuse such a dir before any work; a pair's --out is fine when --work holds the checkpoints."""
+    bad = tmp_path / name / "run"
+    assert train.main(drafter_args(cli_target, bad)) == 2
+    err = capsys.readouterr().err
+    assert f"--out {bad}: has " in err and "which Orbax's writer takes as a glob pattern" in err, err
+    assert train.main(["pair", "--tiny", "--out", str(bad)]) == 2
+    assert f"--out {bad}: has " in capsys.readouterr().err
+    assert train.main(["pair", "--tiny", "--out", str(tmp_path / "p"), "--work", str(bad)]) == 2
+    assert f"--work {bad}: has " in capsys.readouterr().err
+    assert not (tmp_path / name).exists() and not (tmp_path / "p").exists()
+    with pytest.raises(ValueError, match=re.escape(f"t: checkpoint dir {bad / 'ck'}: has ")):
+        _drafter_trainer(bad / "ck", steps=6)
 
 
 def test_out_that_is_a_file_is_refused(cli_target, tmp_path, capsys):
