@@ -10,6 +10,7 @@ Errors are max |x - ref| / max |ref| over the whole output: bound 1e-4 for fp32 
 
 from __future__ import annotations
 
+import re
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,24 @@ def test_kernel_bf16(seed):
     out = interpret(*args, block_k=32)
     assert out.dtype == jnp.bfloat16
     assert_matches(out, ref, BOUND["bfloat16"])
+
+
+def test_kernel_bf16_products_accumulate_in_fp32():
+    """Every dot of the bf16 kernel accumulates in fp32: a bf16 P V product would stay inside the 1e-2 bound (about
+    2x the fp32 accumulation's error), so it is checked in the kernel's program, not its output."""
+    args = make_inputs(0, Spec(1, 5, 40, 4, 2, 16, dtype="bfloat16"))
+    program = str(jax.make_jaxpr(lambda *a: interpret(*a, block_k=16))(*args))
+    kinds = set(re.findall(r"preferred_element_type=(\w+)", program))
+    assert kinds == {"float32"}, kinds
+
+
+@pytest.mark.parametrize("n", [1, 17])
+def test_kernel_peaked_scores(seed, n):
+    """Scores far apart (queries x 40): the splits' partials combine under their common max, never one split's
+    (exp of a score over another split's max by more than ~88 overflows fp32)."""
+    q, keys, values, start, anc = make_inputs(seed, Spec(3, n, 150, 6, 2, 32))
+    args = (40 * q, keys, values, start, anc)
+    assert_matches(interpret(*args, block_k=16), reference.tree_attention(*args), BOUND["float32"])
 
 
 def test_kernel_error_is_detected(seed):
