@@ -273,9 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-s", type=at_least(0, float), default=0, help="stop starting parts after this many "
                     "seconds, and cut the running one there (default 0: no limit)")
     ap.add_argument("--out", required=True,
-                    help="directory for the parts' JSONs and logs, table.md, table.json: new, empty, or an earlier "
-                         "table's (nothing else in it; the parts run now replace their files, the table shows only "
-                         "this run's)")
+                    help="directory for the parts' JSONs and logs, table.md, table.json: new or existing (the parts "
+                         "run now replace their own files there, other files stay; the table shows only this run's)")
     args = dispatch.parse_args(ap, argv)
     claim_device_memory()        # the parts inherit it: each takes 90% of the GPU, not JAX's 75%
     parts = {p for p in args.parts.split(",") if p}
