@@ -56,12 +56,14 @@ def test_greedy_dflash_equals_ar(which, request):
             assert out.tau > 1.1, (bs, out.tau)     # 1.26 at block 2, 1.33 at 6 on this CPU
 
 
-def test_drafter_context_tracks_committed_sequence(accepting_pair):
+@pytest.mark.parametrize("budget", [None, 6], ids=["dflash", "ddtree6"])
+def test_drafter_context_tracks_committed_sequence(accepting_pair, budget):
     """After prefill and rounds, the drafter's context equals the one built from the target's taps over
     the whole committed sequence in one go: proof that the accepted rows' taps feed it correctly (with a pair
-    whose rounds accept drafted tokens: a round of one accepted row would not test the rows' order)."""
+    whose rounds accept drafted tokens: a round of one accepted row would not test the rows' order). For DDTree
+    the accepted path is not the first nodes, so the taps must be taken along it."""
     target, drafter = accepting_pair
-    spec = DFlash(drafter, target.cfg, block_size=4)
+    spec = DFlash(drafter, target.cfg, block_size=4, budget=budget)
     engine = Engine(target, spec)
     prompt = np.random.RandomState(1).randint(0, 512, size=13).tolist()
     first, state, cache, key = engine.prefill([prompt], 64)

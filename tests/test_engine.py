@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from convert.hf import load_target
-from jaxspec.engine import Engine, accept
+from jaxspec.engine import Engine, accept, accept_rejection
 from jaxspec import tree as trees
 from jaxspec.sampling import Sampling, choose, log_probs
 from kernel_tests import on_gpu
@@ -335,6 +335,31 @@ def test_bad_lengths(tiny):
             engine.generate([[1, 2]], 4, **kw)
     with pytest.raises(ValueError, match="at least one token"):
         engine.generate([[1], []], 4)
+
+
+def test_rejection_sampling_emits_the_targets_distribution():
+    """accept_rejection on 200k rows of a 3-node chain whose drafts come from q (row 0 of logq zero, as DFlash and
+    MTP pass it): the first emitted token (draft 1 if kept, else the bonus from the residual) is distributed as p0,
+    and the second, where the round emits one, as p1. A residual built from the wrong node's q moves the first
+    token's frequencies by ~0.15 (the lossless tests' chi-square, on a small sample, does not see it)."""
+    b, v = 200_000, 4
+    p0, p1 = np.array([0.5, 0.3, 0.15, 0.05]), np.array([0.1, 0.1, 0.4, 0.4])
+    q1, q2 = np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.4, 0.3, 0.2, 0.1])
+    k1, k2, ka = jax.random.split(jax.random.key(0), 3)
+    d1 = jax.random.categorical(k1, jnp.log(q1), shape=(b,)).astype(jnp.int32)
+    d2 = jax.random.categorical(k2, jnp.log(q2), shape=(b,)).astype(jnp.int32)
+    tokens = jnp.stack([jnp.zeros(b, jnp.int32), d1, d2], 1)
+    logq = jnp.broadcast_to(jnp.log(jnp.asarray(np.stack([np.ones(v), q1, q2]), jnp.float32)), (b, 3, v))
+    logq = logq.at[:, 0].set(0.0)
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(np.stack([p0, p1, p1]), jnp.float32)), (b, 3, v))
+    path, n, bonus = map(np.asarray, accept_rejection(ka, tokens, logq, logits, Sampling(temperature=1.0)))
+    d1, d2 = np.asarray(d1), np.asarray(d2)
+    assert (path == np.arange(3)).all() and set(np.unique(n)) == {1, 2, 3}
+    first = np.where(n >= 2, d1, bonus)
+    np.testing.assert_allclose(np.bincount(first, minlength=v) / b, p0, atol=0.006)
+    two = n >= 2
+    second = np.where(n[two] >= 3, d2[two], bonus[two])
+    np.testing.assert_allclose(np.bincount(second, minlength=v) / two.sum(), p1, atol=0.008)
 
 
 def test_accept_walks_the_target_choice():

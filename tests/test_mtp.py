@@ -22,7 +22,7 @@ from jaxspec.config import ConfigError
 from jaxspec.engine import Decoding, Engine, Proposal
 from jaxspec.generate import main
 from jaxspec.model import init_state, split_params
-from jaxspec.mtp import MTP, MTPHead
+from jaxspec.mtp import MTP, MTPCache, MTPHead
 from jaxspec.sampling import Sampling
 from test_convert import add_mtp, fake_mtp, rewrite
 from test_lossless import _chi2_exceeds
@@ -262,6 +262,20 @@ class OracleMTP(MTP):
         wrong = (drafts + jax.random.randint(k2, drafts.shape, 1, self.vocab)) % self.vocab
         tokens = jnp.concatenate([pending[:, None], jnp.where(jnp.arange(1, n)[None] == bad, wrong, drafts)], 1)
         return Proposal(tokens, prop.tree), dataclasses.replace(cache, drafts=tokens)
+
+
+def test_update_pairs_each_accepted_row_with_the_next_accepted_token():
+    """After a round of drafts (pending, m1, m2, m3) with m1 and m2 accepted (n = 3), row i of the head's next input
+    is accepted node i's hidden state with node i+1's token (the last one's, the bonus, comes with `propose`). The
+    formula test's random head never accepts two drafts in a round, so it cannot see a shifted pairing."""
+    drafts = jnp.asarray([[10, 11, 12, 13]], jnp.int32)
+    kv = jnp.zeros((1, 8, 1, 2))
+    cache = MTPCache(length=jnp.zeros((1,), jnp.int32), keys=kv, values=kv, hidden=jnp.zeros((1, 4, 2)),
+                     next_tok=jnp.zeros((1, 4), jnp.int32), n_rows=jnp.zeros((1,), jnp.int32), drafts=drafts)
+    taps = jnp.arange(8, dtype=jnp.float32).reshape(1, 4, 1, 2)
+    out = MTP.update(None, None, None, cache, taps, jnp.asarray([[0, 1, 2, 3]], jnp.int32), jnp.asarray([3], jnp.int32))
+    assert out.next_tok[0, :2].tolist() == [11, 12] and int(out.n_rows[0]) == 3
+    np.testing.assert_array_equal(out.hidden[0, :3], taps[0, :3, 0])
 
 
 @pytest.mark.parametrize("which", ["causal", "cond"])

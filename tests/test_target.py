@@ -172,7 +172,9 @@ def test_tree_commit_equals_chain_commit(tiny_hf, max_depth):
 
 
 
-@pytest.mark.parametrize("p, part, implementation", [(150, 70, None), (40, 23, None), (150, 70, "pallas_interpret")])
+# (150, 64): a row commits exactly one block, so its last token closes block 0 (commit reads that block's state).
+@pytest.mark.parametrize("p, part, implementation", [(150, 70, None), (40, 23, None), (150, 70, "pallas_interpret"),
+                                                     (150, 64, None)])
 def test_forward_committing_as_it_goes_equals_commit(tiny_hf, p, part, implementation, monkeypatch):
     """A chain forward with commit_n (each GDN layer takes its committed state inside the delta rule, as the
     prefill runs) leaves the state that the forward then `commit` leaves, and the same logits at the committed
