@@ -206,7 +206,8 @@ def main(argv=None):
                                  formatter_class=_Help)
     ap.add_argument("--config", default="tiny",
                     help="'real' (Qwen3.6-27B + z-lab drafter shape), 'tiny' (its heads and vocabulary made to shard "
-                         "up to TP = 4), or a target config.json path (its shape as written, a tiny drafter with heads for --tp)")
+                         "up to TP = 4), or a target config.json path (its shape as written, a tiny drafter with "
+                         "heads for --tp)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="dtype of the timed model")
     ap.add_argument("--tp", type=at_least(1), default=2,
                     help="tensor-parallel degree to compare with TP = 1 and time")
@@ -258,7 +259,8 @@ def main(argv=None):
         # Heads for TP up to 4 (kv heads repeated past 2) and a vocabulary that TP has to pad.
         cfg = cfg.replace(vocab_size=509, num_heads=8, linear_num_key_heads=4, linear_num_value_heads=8)
     # The tiny drafter's heads: 4 q over 2 kv up to TP = 4; past it, as many as the smallest multiple of 4 and --tp
-    # (kv heads half as many; the MLP 24 per head), so that a target config that shards --tp ways is not refused for the bench's drafter.
+    # (kv heads half as many; the MLP 24 per head), so that a target config that shards --tp ways is not refused for
+    # the bench's own drafter.
     heads = math.lcm(4, args.tp)
     dcfg = (qwen36_27b_dflash(args.dtype) if args.config == "real" else
             R.tiny_drafter(cfg).replace(num_heads=heads, num_kv_heads=heads // 2, intermediate_size=24 * heads,

@@ -314,16 +314,15 @@ def _check_replaceable(kind: Kind, out_dir: Path, overwrite: bool) -> None:
     if META not in names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         raise OutDirTaken(f"{out_dir}: not replaced: it holds files ({shown}) but no {META}, so it is not a "
-                              f"previous conversion; --overwrite replaces only an empty dir or a converted {kind.name} "
-                              "dir")
+                          f"previous conversion; --overwrite replaces only an empty dir or a converted {kind.name} dir")
     try:
         found = json.loads((out_dir / META).read_text()).get("format")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
         raise OutDirTaken(f"{out_dir}: not replaced: its {META} is unreadable ({type(e).__name__}), so it may "
-                              "not be a previous conversion") from None
+                          "not be a previous conversion") from None
     if found != kind.format:
         raise OutDirTaken(f"{out_dir}: not replaced: it holds format {found!r} ({META}), not a converted "
-                              f"{kind.name} ({kind.format!r}); remove it yourself or choose another output dir")
+                          f"{kind.name} ({kind.format!r}); remove it yourself or choose another output dir")
 
 
 _TMP = ".tmp-"
@@ -337,8 +336,8 @@ def _stale_temp_dirs(out_dir: Path) -> list[Path]:
     save's (another conversion to the same dir) are left alone."""
     stale = []
     for p in out_dir.parent.iterdir():
-        prefix = next((f".{out_dir.name}{t}" for t in (_TMP, ".old-") if p.name.startswith(f".{out_dir.name}{t}")), "")
-        m = _TMP_ID.fullmatch(p.name[len(prefix):]) if prefix else None
+        kind = next((t for t in (_TMP, ".old-") if p.name.startswith(f".{out_dir.name}{t}")), None)
+        m = _TMP_ID.fullmatch(p.name[len(out_dir.name) + 1 + len(kind):]) if kind else None
         if m and p.is_dir() and not p.is_symlink() and not (m.group(1) and _running(int(m.group(1)))):
             stale.append(p)
     return sorted(stale)

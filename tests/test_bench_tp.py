@@ -95,17 +95,17 @@ def test_bench_tp_config_path_shards_as_far_as_the_target_does(tmp_path, monkeyp
     """The bench's own tiny drafter (for a config.json --config) has heads for --tp: a target that shards 8 or 6
     ways is not refused for a drafter the user never chose (it had 4 q / 2 kv heads, so past TP = 4 it was)."""
     from tests.conftest import TINY
-    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="qwen3_5_text", num_attention_heads=24, intermediate_size=192,
-                                                          num_key_value_heads=6 if degree != 8 else 2,
-                                                          linear_num_key_heads=24, linear_num_value_heads=48)))
+    config = dict(TINY, model_type="qwen3_5_text", num_attention_heads=24, intermediate_size=192,
+                  num_key_value_heads=6 if degree != 8 else 2, linear_num_key_heads=24, linear_num_value_heads=48)
+    (tmp_path / "config.json").write_text(json.dumps(config))
     seen = {}
 
-    def stop(mesh, batch=1):
+    def stop(*a, **kw):
         seen["ok"] = True
         raise SystemExit("stopped after the checks")
     real = tp.S.check_drafter
     monkeypatch.setattr(tp.S, "check_drafter", lambda cfg, d: (seen.update(drafter=cfg), real(cfg, d)))
-    monkeypatch.setattr(tp, "run", lambda *a, **kw: stop(None))
+    monkeypatch.setattr(tp, "run", stop)
     with pytest.raises(SystemExit, match="stopped after the checks"):
         tp.main(["--config", str(tmp_path / "config.json"), "--tp", str(degree), "--skip-identity", "--contexts", "",
                  "--methods", "ar"])
