@@ -420,13 +420,22 @@ def _check_written(path: Path, values: dict) -> None:
     incomplete checkpoint is caught here, not by a later restore."""
     try:
         with ocp.StandardCheckpointer() as ckptr:
-            tree = getattr(ckptr.metadata(path).item_metadata, "tree", None)
-    except Exception as e:  # Orbax raises many types for an incomplete dir
-        tree, why = None, _cause(e)[1]
-    else:
-        why = "no metadata"
-    if tree is None or set(_flatten(tree)) != {tuple(map(_key, p)) for p in values}:
-        raise OSError(errno.EIO, f"Orbax wrote an incomplete checkpoint ({why if tree is None else 'params missing'})")
+            stored = _stored_params(ckptr, path)
+    except CheckpointError as e:
+        raise OSError(errno.EIO, f"Orbax wrote an incomplete checkpoint ({e})") from None
+    if set(stored) != {tuple(map(_key, p)) for p in values}:
+        raise OSError(errno.EIO, "Orbax wrote an incomplete checkpoint (params missing)")
+
+
+def _stored_params(ckptr, params: Path) -> dict:
+    """{param path of string keys: its stored metadata (shape, dtype)} from the Orbax checkpoint `params`."""
+    try:
+        tree = getattr(ckptr.metadata(params).item_metadata, "tree", None)
+    except Exception as e:  # Orbax raises many types for a damaged dir
+        raise CheckpointError(f"{params}: cannot read the Orbax checkpoint ({_cause(e)[1]})") from None
+    if tree is None:
+        raise CheckpointError(f"{params}: no readable Orbax metadata; the checkpoint is damaged or incomplete")
+    return _flatten(tree)
 
 
 def write_tree(values: dict, path: Path):
@@ -480,13 +489,7 @@ def restore(kind: Kind, out_dir: str | Path, *, dtype: str | None = None, shardi
     size = sum(f.stat().st_size for f in params.rglob("*") if f.is_file()) if progress is not False else 0
     report = size > 2**30 if progress is None else progress
     with ocp.StandardCheckpointer(restore_concurrent_gb=RESTORE_HOST_GB) as ckptr:
-        try:
-            meta_tree = getattr(ckptr.metadata(params).item_metadata, "tree", None)
-        except Exception as e:  # Orbax raises many types for a damaged dir
-            raise CheckpointError(f"{params}: cannot read the Orbax checkpoint ({_cause(e)[1]})") from None
-        if meta_tree is None:
-            raise CheckpointError(f"{params}: no readable Orbax metadata; the checkpoint is damaged or incomplete")
-        stored = _flatten(meta_tree)
+        stored = _stored_params(ckptr, params)
         want = {tuple(map(_key, p)): (p, a) for p, a in abstract.items()}
         missing = sorted(".".join(k) for k in want if k not in stored)
         extra = sorted(".".join(k) for k in stored if k not in want)

@@ -260,8 +260,8 @@ class Trainer:
         self._pending: list = []
         self.diverged: int | None = None     # the first step whose loss was not finite: nothing is saved after it
         self.ckpt_dir = Path(ckpt_dir).absolute() if ckpt_dir else None
-        if self.ckpt_dir is not None and orbax_path_problem(self.ckpt_dir):
-            raise ValueError(f"{name}: checkpoint dir {self.ckpt_dir}: {orbax_path_problem(self.ckpt_dir)}")
+        if self.ckpt_dir is not None and (problem := orbax_path_problem(self.ckpt_dir)):
+            raise ValueError(f"{name}: checkpoint dir {self.ckpt_dir}: {problem}")
         self._mgr = None
         self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
         self._eval_fn = None
