@@ -615,8 +615,8 @@ def has_mtp_tensors(model_dir: str | Path) -> bool:
     return bool(_mtp_infos(Path(model_dir)))
 
 
-def load_mtp_tensors(model_dir: str | Path) -> dict[str, np.ndarray]:
-    """The raw `mtp.*` tensors (multi-token-prediction head), keys and dtypes as stored, on the host.
+def mtp_tensor_infos(model_dir: str | Path) -> dict[str, TensorInfo]:
+    """The `mtp.*` tensors' headers (file, shape, dtype), read without their data; a quantized head is refused.
 
     Works on a HF checkpoint dir and on a converted dir (which keeps them in `mtp.safetensors`)."""
     model_dir = Path(model_dir)
@@ -625,11 +625,23 @@ def load_mtp_tensors(model_dir: str | Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{model_dir}: no {MTP_PREFIX}* (multi-token prediction) tensors in this "
                               f"checkpoint (Qwen3_5ForCausalLM saves drop them; the original multimodal "
                               f"checkpoint has them)")
+    refuse_quantized(model_dir / "config.json", mtp)
+    return dict(sorted(mtp.items()))
+
+
+def read_tensors(infos: dict[str, TensorInfo]):
+    """(key, array as stored) for each of `infos`, read one at a time from its file."""
     handles: dict = {}
     try:
-        return {k: _read(info, handles) for k, info in sorted(mtp.items())}
+        for k, info in infos.items():
+            yield k, _read(info, handles)
     finally:
         _close(handles)
+
+
+def load_mtp_tensors(model_dir: str | Path) -> dict[str, np.ndarray]:
+    """The raw `mtp.*` tensors (multi-token-prediction head), keys and dtypes as stored, on the host."""
+    return dict(read_tensors(mtp_tensor_infos(model_dir)))
 
 
 def scan_file(file: Path) -> dict[str, TensorInfo]:

@@ -1,5 +1,6 @@
 """The MTP head's weights: the `mtp.*` tensors of a target checkpoint (HF dir, or a converted dir, which
-keeps them in `mtp.safetensors`) -> `jaxspec.mtp.MTPHead`. Errors name the directory and the key."""
+keeps them in `mtp.safetensors`) -> `jaxspec.mtp.MTPHead`. Errors name the file and the key; every key, shape and
+dtype is checked from the files' headers before any tensor is read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from convert.hf import FLOAT_DTYPES, CheckpointError, ShardingSpec, assemble, load_mtp_tensors, resolve_sharding
+from convert.hf import (FLOAT_DTYPES, CheckpointError, ShardingSpec, assemble, mtp_tensor_infos, read_tensors,
+                        resolve_sharding)
 from convert.keys import MTP_PREFIX, target_layout, transform
 from jaxspec.config import FULL, TargetConfig
 from jaxspec.model import fuse_params, split_params
@@ -36,24 +38,25 @@ def load_mtp(path: str | Path, target: TargetConfig, dtype: str | None = None,
     """The MTP head stored with the target in `path` (HF checkpoint dir or a `python -m convert target`
     dir), shaped by the target's config, params in `dtype` (default: the target's)."""
     path = Path(path)
-    tensors = load_mtp_tensors(path)            # CheckpointError naming `path` when there are none
+    infos = mtp_tensor_infos(path)              # CheckpointError naming `path` when there are none
     cfg = target.replace(dtype=dtype or target.dtype)
     layout = mtp_layout(cfg)
-    extra = sorted(k for k in tensors if k not in layout)
+    extra = sorted(k for k in infos if k not in layout)
     if extra:
-        raise CheckpointError(f"{path}: unexpected MTP tensor(s) {', '.join(map(repr, extra[:5]))}: jaxspec's MTP "
-                              f"head has one layer (mtp.layers.0) and the keys of reference/qwen36.md section 5")
-    missing = [k for k in layout if k not in tensors]
+        raise CheckpointError(f"{infos[extra[0]].file}: unexpected MTP tensor(s) {', '.join(map(repr, extra[:5]))}: "
+                              f"jaxspec's MTP head has one full-attention layer (mtp.layers.0) and the keys "
+                              f"{', '.join(k for k in layout if not k.startswith(MTP_PREFIX + 'layers.'))}")
+    missing = [k for k in layout if k not in infos]
     if missing:
         raise CheckpointError(f"{path}: missing MTP tensor(s) {', '.join(map(repr, missing[:8]))}"
                               f"{' ...' if len(missing) > 8 else ''}")
     for key, (_, shape, _) in layout.items():
-        a = tensors[key]
-        if tuple(a.shape) != shape:
-            raise CheckpointError(f"{path}: MTP tensor {key!r} has shape {list(a.shape)}, but the target's "
+        info = infos[key]
+        if info.shape != shape:
+            raise CheckpointError(f"{info.file}: MTP tensor {key!r} has shape {list(info.shape)}, but the target's "
                                   f"config.json implies {list(shape)} (hidden_size={cfg.hidden_size})")
-        if not np.issubdtype(a.dtype, np.floating) and str(a.dtype) != "bfloat16":
-            raise CheckpointError(f"{path}: MTP tensor {key!r} is stored as {a.dtype}; only floating-point "
+        if info.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{info.file}: MTP tensor {key!r} is stored as {info.dtype}; only floating-point "
                                   f"({', '.join(FLOAT_DTYPES)}) heads are supported")
 
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: MTPHead(cfg, rngs=nnx.Rngs(0))))
@@ -63,8 +66,9 @@ def load_mtp(path: str | Path, target: TargetConfig, dtype: str | None = None,
     if table != set(abstract):  # mtp_layout and MTPHead disagree: a bug in jaxspec, not in the checkpoint
         raise RuntimeError(f"convert/mtp.py and jaxspec/mtp.py disagree: {sorted(set(abstract) ^ table)[:5]}")
     values = {}
-    for key, (p, _, kind) in layout.items():
+    for key, a in read_tensors({k: infos[k] for k in layout}):
+        p, _, kind = layout[key]
         want = abstract[p]
-        x = jax.device_put(np.asarray(transform(tensors[key], kind)), resolve_sharding(sharding, p, want.shape))
+        x = jax.device_put(np.asarray(transform(a, kind)), resolve_sharding(sharding, p, want.shape))
         values[p] = x.astype(want.dtype)
     return assemble(graphdef, flat, fuse_params(cfg, values, lambda p, shape: resolve_sharding(sharding, p, shape)))

@@ -5,7 +5,8 @@ Resolution rules follow z-lab's reference package (``dflash.model``, PyPI 0.1.0)
   then the top level;
 - a top-level ``is_causal`` overrides every layer; without it, sliding layers are causal and full layers
   bidirectional (the Qwen3.6 drafter has no ``is_causal`` key and relies on this);
-- ``sliding_window`` only counts when ``use_sliding_window`` is true (HF ``Qwen3Config`` nulls it otherwise);
+- ``sliding_window`` only counts when ``use_sliding_window`` is true (HF ``Qwen3Config`` nulls it otherwise); then
+  an absent one is Qwen3Config's default 4096 and a null one means no window;
 - ``rope_theta`` may sit at the top level or under ``rope_parameters`` (transformers 5 moves it there).
 """
 
@@ -176,8 +177,10 @@ def drafter_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None,
 
     use_sw = as_bool("use_sliding_window", hf.get("use_sliding_window", False))
     window = None
-    if use_sw:
-        window = as_int("sliding_window", need("sliding_window"))
+    if use_sw:      # as HF Qwen3Config: an absent window is its default 4096, a null one means no window
+        window = hf.get("sliding_window", 4096)
+    if window is not None:
+        window = as_int("sliding_window", window)
         if window <= 0:
             raise ConfigError(f"{source}: sliding_window must be positive, got {window}")
 

@@ -195,12 +195,8 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = parser().parse_args(argv)
-    from pallas_kernels.dispatch import check_flags
-    try:
-        check_flags()       # before any loading: a misspelt JAXSPEC_* flag would choose nothing
-    except ValueError as e:
-        parser().error(str(e))
+    from pallas_kernels import dispatch
+    args = dispatch.parse_args(parser(), argv)      # JAXSPEC_* flags checked before any loading
     demo = args.model is None and demo_available()
     compare = demo and args.method is None
     if args.method is None:

@@ -2400,6 +2400,7 @@ def main(argv=None) -> int:
     claim_device_memory()
     try:
         dispatch.check_flags()               # before any work: a misspelt JAXSPEC_* flag would choose nothing
+        dispatch.check_gpu_flags()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

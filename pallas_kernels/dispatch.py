@@ -29,6 +29,7 @@ OTHER_FLAGS = ("JAXSPEC_COMMIT", "JAXSPEC_DIRTY",       # jaxspec/provenance.py:
 FLAGS = CHOICE_FLAGS + OTHER_FLAGS
 LOOP_GRAPHS_MODES = ("none", "ar", "all")          # which round loops compile as CUDA graphs (jaxspec/engine.py)
 DDTREE_TOP_K_METHODS = ("sort", "count")           # how the tree build takes its top-k (jaxspec/ddtree.py)
+GPU_ONLY = ("pallas_triton", "pallas_mosaic", "pallas_cudnn")   # compiled kernels: they run on a GPU backend only
 
 
 def flag_values(flag: str) -> tuple[str, ...]:
@@ -53,12 +54,33 @@ def check_flags(environ=None) -> None:
             raise ValueError(f"{name}={environ[name]!r}: expected one of {', '.join(flag_values(name))}")
 
 
+def check_gpu_flags(environ=None, backend=None) -> None:
+    """Refuse an op's flag that forces a compiled GPU kernel where jax's default backend (`backend`, looked up only
+    when such a flag is set) is not a GPU: the kernel would fail when the model is first traced, in Pallas' words,
+    which do not name the flag."""
+    environ = os.environ if environ is None else environ
+    forced = [(k, environ[k]) for k in OP_FLAGS if environ.get(k) in GPU_ONLY]
+    if forced:
+        backend = backend or jax.default_backend()
+        if backend != "gpu":
+            name, value = forced[0]
+            here = [v for v in flag_values(name) if v not in GPU_ONLY]
+            raise ValueError(f"{name}={value!r} forces a GPU kernel, but jax's default backend here is {backend!r}; "
+                             f"unset it or use one of {', '.join(here)}")
+
+
+def chosen_by(env_var: str, implementation: str | None) -> str:
+    """Where a forced implementation came from, for an error: the argument or the environment variable."""
+    return f"implementation={implementation!r}" if implementation else f"{env_var}={os.environ.get(env_var)!r}"
+
+
 def parse_args(ap, argv=None):
-    """`ap.parse_args(argv)`, then the environment's flags checked (`check_flags`): a bad one is the parser's error,
-    one line and status 2, before the command does any work."""
+    """`ap.parse_args(argv)`, then the environment's flags checked (`check_flags`, `check_gpu_flags`): a bad one is
+    the parser's error, one line and status 2, before the command does any work."""
     args = ap.parse_args(argv)
     try:
         check_flags()
+        check_gpu_flags()
     except ValueError as e:
         ap.error(str(e))
     return args

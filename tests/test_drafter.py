@@ -402,10 +402,30 @@ def test_use_sliding_window_false():
     cfg = drafter_config_from_hf({**REAL, "use_sliding_window": False})
     assert cfg.sliding_window is None and cfg.windows == (None,) * 5
     assert cfg.causal == (True,) * 4 + (False,)   # causality follows the layer type, not the window
-    with pytest.raises(ConfigError, match="'sliding_window'"):
-        drafter_config_from_hf({k: v for k, v in REAL.items() if k != "sliding_window"})
+    with pytest.raises(ConfigError, match="sliding_window must be positive, got 0"):
+        drafter_config_from_hf({**REAL, "sliding_window": 0})
     with pytest.raises(ConfigError, match="'use_sliding_window' must be true or false"):
         drafter_config_from_hf({**REAL, "use_sliding_window": "yes"})
+
+
+@pytest.mark.parametrize("use", [True, False])
+@pytest.mark.parametrize("window", ["absent", None, 512])
+@pytest.mark.parametrize("types", ["given", "derived"])
+def test_window_and_layer_types_as_hf_qwen3config(use, window, types):
+    """The window and layer types are what transformers' Qwen3Config (z-lab's drafter's config class) makes of
+    use_sliding_window, sliding_window (absent: its default; null) and max_window_layers."""
+    from transformers import Qwen3Config
+    hf = {k: v for k, v in REAL.items() if k not in ("sliding_window", "layer_types")}
+    hf |= {"use_sliding_window": use, "max_window_layers": 2}
+    if window != "absent":
+        hf["sliding_window"] = window
+    if types == "given":
+        hf["layer_types"] = REAL["layer_types"]
+    ref = Qwen3Config(**{k: v for k, v in hf.items() if k != "dflash_config"})
+    cfg = drafter_config_from_hf(hf)
+    assert cfg.sliding_window == ref.sliding_window
+    assert list(cfg.layer_types) == ref.layer_types
+    assert cfg.windows == tuple(ref.sliding_window if t == SWA else None for t in ref.layer_types)
 
 
 def test_layer_types_default_follows_hf_qwen3():

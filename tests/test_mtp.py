@@ -6,6 +6,7 @@ distribution; weights from the converter and every way the input can be bad."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 
 import jax
@@ -24,7 +25,7 @@ from jaxspec.generate import main
 from jaxspec.model import init_state, split_params
 from jaxspec.mtp import MTP, MTPCache, MTPHead
 from jaxspec.sampling import Sampling
-from test_convert import add_mtp, fake_mtp, rewrite
+from test_convert import add_mtp, fake_mtp, read_file, rewrite
 from test_lossless import _chi2_exceeds
 
 # ------------------------------------------------------------------------------------------------
@@ -377,6 +378,40 @@ def test_bad_checkpoints(causal, tmp_path, tiny_hf):
     bad = broken("extra", lambda t: {**t, "mtp.layers.1.input_layernorm.weight": t["mtp.norm.weight"]})
     with pytest.raises(CheckpointError, match=r"unexpected MTP tensor\(s\) 'mtp\.layers\.1\.input_layernorm"):
         load_mtp(bad, target.cfg)
+
+
+def test_bad_sharded_head_is_refused_from_headers_naming_its_file(cond, tmp_path, monkeypatch):
+    """In a sharded checkpoint the head lives in its own shard: errors name that file, and come from the headers,
+    before any tensor is read (the real head is ~1 GB)."""
+    import convert.hf as hf
+    path, target, _ = cond
+    reads = []
+    monkeypatch.setattr(hf, "_read", lambda info, handles: reads.append(info.key))
+
+    def broken(name, edit):
+        dst = tmp_path / name
+        shutil.copytree(path, dst)
+        file = dst / "model-mtp.safetensors"
+        rewrite(file, edit)
+        index = dst / "model.safetensors.index.json"
+        data = json.loads(index.read_text())
+        data["weight_map"].update({k: file.name for k in read_file(file)[0]})
+        index.write_text(json.dumps(data))
+        return file
+
+    for name, edit, words in [
+            ("shape", lambda t: {**t, "mtp.fc.weight": t["mtp.fc.weight"][:, :-1]}, r"'mtp\.fc\.weight' has shape"),
+            ("int", lambda t: {**t, "mtp.norm.weight": t["mtp.norm.weight"].astype(np.int32)},
+             r"'mtp\.norm\.weight' is stored as I32; only floating-point"),
+            ("extra", lambda t: {**t, "mtp.layers.1.mlp.up_proj.weight": t["mtp.norm.weight"]},
+             r"unexpected MTP tensor\(s\) 'mtp\.layers\.1\.mlp\.up_proj\.weight'.*mtp\.fc\.weight"),
+            ("quant", lambda t: {**t, "mtp.fc.weight_scale_inv": t["mtp.norm.weight"]},
+             r"'mtp\.fc\.weight_scale_inv' .* quantization tensor")]:
+        file = broken(name, edit)
+        with pytest.raises(CheckpointError, match=words) as e:
+            load_mtp(file.parent, target.cfg)
+        assert str(e.value).startswith(str(file)), (name, str(e.value))
+    assert reads == []
 
 
 def test_bad_speculator_arguments(causal):

@@ -28,10 +28,11 @@ def resolve(implementation: str | None = None) -> str:
 def add_rms_norm(x, u, w, *, eps: float, offset: float, implementation: str | None = None):
     """See reference.add_rms_norm: x, u [..., D] of one shape and dtype, w [D] (`check_args`; the kernel reads
     u row for row and w over D, and writes both outputs in x's dtype). No rows (or D = 0): the reference's
-    empty outputs."""
+    empty outputs. A width the kernel would walk in more than 64 chunks (`pallas_triton.supports`, e.g. an odd D)
+    runs the reference, whatever the implementation."""
     name = resolve(implementation)
     check_args(x, u, w)
-    if name == "reference" or x.size == 0:      # the kernel's grid would be empty
+    if name == "reference" or x.size == 0 or not pallas_triton.supports(x.shape[-1]):  # x.size 0: an empty grid
         return reference.add_rms_norm(x, u, w, eps=eps, offset=offset)
     return pallas_triton.add_rms_norm(x, u, w, eps=eps, offset=offset, interpret=name == "pallas_interpret")
 

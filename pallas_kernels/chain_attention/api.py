@@ -58,6 +58,10 @@ def chain_attention(q, k, v, keys, values, start, *, implementation: str | None 
         return reference.chain_attention(q, k, v, keys, values, start)
     if name == "tree" or q.size == 0:
         return tree_api.tree_attention(q, keys, values, start, reference.causal_mask(q.shape[0], q.shape[1]))
+    if not pallas_triton.supports(q.shape, keys.shape):     # its prefix kernel's shapes
+        raise ValueError(f"{dispatch.chosen_by(ENV_VAR, implementation)}: the chain attention kernels take head_dim "
+                         f"16..{pallas_triton.MAX_HEAD_DIM}, a power of two, and a cache of >= 16 slots; got q "
+                         f"{q.shape} over keys {keys.shape}; use tree")
     interpret = name == "pallas_interpret"
     dt = values.dtype
     o, lse = (reference if interpret else cudnn).self_attention(q.astype(dt), k.astype(dt), v.astype(dt))

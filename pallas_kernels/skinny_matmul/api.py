@@ -48,7 +48,8 @@ def applies(x_shape, w_shape, same_dtype: bool = True, implementation: str = "pa
 
 
 def matmul(x, w, *, implementation: str | None = None):
-    """x [..., K] @ w [K, N] -> [..., N] in x's dtype. See reference.matmul. Other shapes: ValueError."""
+    """x [..., K] @ w [K, N] -> [..., N] in their dtype (mixed dtypes: their promotion, through the reference). See
+    reference.matmul. Other shapes: ValueError."""
     name = resolve(implementation)
     if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"skinny matmul: x {x.shape} @ w {w.shape} needs x [..., K] and w [K, N] of one K")

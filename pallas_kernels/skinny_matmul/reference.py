@@ -6,5 +6,6 @@ import jax.numpy as jnp
 
 
 def matmul(x, w):
-    """x [..., K], w [K, N] -> [..., N] in x's dtype (XLA accumulates bf16 products in fp32)."""
+    """x [..., K], w [K, N] -> [..., N] in their dtype, or their promotion when they differ (XLA accumulates bf16
+    products in fp32)."""
     return jnp.einsum("...d,df->...f", x, w)

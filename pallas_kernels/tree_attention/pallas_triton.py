@@ -33,12 +33,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 NUM_SMS = 132        # H200; the split count aims at a few programs per SM
+MAX_HEAD_DIM = 512   # at 1024 even the smallest default key tile (16) overflows shared memory (`tiles`)
 
 
 def supports(q_shape, keys_shape) -> bool:
     """Whether the kernel takes these shapes (the api falls back to the reference otherwise)."""
     hd, length = q_shape[-1], keys_shape[1]
-    return hd >= 16 and hd & (hd - 1) == 0 and length >= 16
+    return 16 <= hd <= MAX_HEAD_DIM and hd & (hd - 1) == 0 and length >= 16
 
 
 def _online_update(carry, s, mask, v, key_ok, precision):

@@ -21,7 +21,8 @@ trees beyond the kernel's 128 nodes.
 
 An explicit `implementation=` wins; else the environment variable JAXSPEC_TREE_DELTA_RULE (read when the
 caller is traced, so it reaches jaxspec/model.py, which passes no argument); else the default above.
-A forced implementation is used as is: forcing "pallas_triton" off the GPU, or beyond 128 nodes, fails.
+A forced implementation is used as is: forcing "pallas_triton" off the GPU fails, and forcing either kernel on a
+block beyond 128 nodes is refused, naming the argument or variable that forced it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def tree_delta_rule(q, k, v, g, beta, anc, s0, *, implementation: str | None = N
     if not b * n:           # the kernels' grids and index maps need a sequence and a node (the kernel refuses N = 0)
         f32 = jnp.float32
         return jnp.zeros((b, n, h, dv), f32), jnp.zeros((b, n, h, dv), f32), jnp.zeros((b, n, h), f32)
+    if name.startswith("pallas") and not pallas_triton.supports(n):
+        raise ValueError(f"{dispatch.chosen_by(ENV_VAR, implementation)}: the tree delta rule kernels take 1.."
+                         f"{pallas_triton.MAX_N} nodes, and this block has {n}; use xla")
     if name == "pallas_triton":
         return pallas_triton.tree_delta_rule(*args)
     if name == "pallas_interpret":
