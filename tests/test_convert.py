@@ -312,6 +312,36 @@ def test_missing_lm_head_says_why_it_is_needed(bad):
     assert "'lm_head.weight'" in str(e.value)
 
 
+def test_tied_embeddings_convert_and_say_lm_head_is_not_separate(tmp_path):
+    """tie_word_embeddings=true: transformers saves no lm_head.weight and its logits come from the embedding; an
+    lm_head.weight in such a checkpoint is refused with that reason, and without the tie it is required."""
+    path = tmp_path / "tied"
+    torch_model = make_causal_lm(path, tie_word_embeddings=True)
+    tensors, _ = read_file(path / "model.safetensors")
+    assert "lm_head.weight" not in tensors and json.loads((path / "config.json").read_text())["tie_word_embeddings"]
+    model = load_target(path, dtype="float32")
+    assert model.cfg.tie_word_embeddings
+    with torch.no_grad():
+        ref = torch_model(torch.tensor(TOKENS.astype(np.int64))).logits.numpy()
+    got = logits(model)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+    rewrite(path / "model.safetensors", lambda t: {**t, "lm_head.weight": np.zeros((512, 64), np.float32)})
+    with pytest.raises(CheckpointError, match="unexpected tensor 'lm_head.weight'") as e:
+        load_target(path)
+    msg = str(e.value)
+    assert f"({path / 'config.json'} has tie_word_embeddings=true, so there is no separate lm_head)" in msg, msg
+    assert msg.startswith(f"{path / 'model.safetensors'}: "), msg
+
+    rewrite(path / "model.safetensors", lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"})
+    edit_config(path, lambda c: c.update(tie_word_embeddings=False))
+    with pytest.raises(CheckpointError, match="missing 1 tensor") as e:
+        load_target(path)
+    msg = str(e.value)
+    assert "'lm_head.weight'" in msg and "tie_word_embeddings=false, so lm_head.weight is required" in msg, msg
+    assert "tie_word_embeddings=true" not in msg, msg
+
+
 def test_index_lists_a_key_its_shard_lacks(bad):
     path = bad("causal_sharded")
     index = path / "model.safetensors.index.json"
@@ -345,6 +375,20 @@ def test_duplicate_tensor_in_two_files(bad):
     with pytest.raises(CheckpointError, match="stored twice") as e:
         load_target(path)
     assert key in str(e.value) and "model-extra.safetensors" in str(e.value) and "model.safetensors" in str(e.value)
+
+
+@pytest.mark.parametrize("name,other", [("causal", "model.language_model.norm.weight"),
+                                        ("cond", "model.norm.weight")])
+def test_a_checkpoint_mixing_two_key_layouts_is_refused(bad, name, other):
+    """The flat `model.X` and the multimodal `model.language_model.X` spelling of one weight: which one is the
+    model's is ambiguous, so neither is picked."""
+    path = bad(name)
+    rewrite(path / "model.safetensors", lambda t: {**t, other: np.ones((64,), np.float32)})
+    with pytest.raises(CheckpointError, match="mixes two key layouts") as e:
+        load_target(path, dtype="float32")
+    msg = str(e.value)
+    assert "'model.norm.weight'" in msg and "'model.language_model.norm.weight'" in msg, msg
+    assert msg.startswith(f"{path / 'model.safetensors'}: tensor "), msg
 
 
 def test_shard_holds_a_key_the_index_puts_elsewhere(bad):
@@ -1202,6 +1246,19 @@ def test_quantized_checkpoint_is_refused_as_quantized(bad, tmp_path, capsys, wit
     capsys.readouterr()  # what writing the fixture printed
     assert cli_main(["target", str(path), str(tmp_path / "out")]) == 2
     assert "quantized checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["top", "text_config"])
+def test_quantization_config_alone_is_refused_as_quantized(bad, where):
+    """A multimodal config.json may give quantization_config at its top level or under text_config; either is
+    refused by config.json's name even where no tensor has a quantized dtype or a scale beside it."""
+    path = bad("cond")
+    q = {"quant_method": "awq", "bits": 4}
+    edit_config(path, lambda c: (c if where == "top" else c["text_config"]).update(quantization_config=q))
+    with pytest.raises(CheckpointError, match="quantized checkpoint") as e:
+        load_target(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path / 'config.json'}: a quantized checkpoint ") and "quant_method 'awq'" in msg, msg
 
 
 def test_a_converted_dir_as_input_says_it_is_converted(ckpts, tmp_path, capsys):

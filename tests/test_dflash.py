@@ -1,12 +1,12 @@
 """DFlash with the real drafter module on the one engine: greedy output identical to AR, the
 drafter's context after several rounds equal to a context built from scratch, and bad input."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import jitted
 from convert.hf import load_target
 from jaxspec import tree as trees
 from jaxspec.config import ConfigError
@@ -14,7 +14,6 @@ from jaxspec.dflash import DFlash
 from jaxspec.drafter import Drafter
 from jaxspec.drafter_config import DrafterConfig
 from jaxspec.engine import Engine
-from jaxspec.model import init_state
 from jaxspec.sampling import Sampling
 
 
@@ -57,11 +56,13 @@ def test_greedy_dflash_equals_ar(which, request):
 
 
 @pytest.mark.parametrize("budget", [None, 6], ids=["dflash", "ddtree6"])
-def test_drafter_context_tracks_committed_sequence(accepting_pair, budget):
-    """After prefill and rounds, the drafter's context equals the one built from the target's taps over
-    the whole committed sequence in one go: proof that the accepted rows' taps feed it correctly (with a pair
-    whose rounds accept drafted tokens: a round of one accepted row would not test the rows' order). For DDTree
-    the accepted path is not the first nodes, so the taps must be taken along it."""
+def test_drafter_context_tracks_committed_sequence(accepting_pair, budget, tiny_hf):
+    """After prefill and rounds, the drafter's context equals the one built in one go from transformers' hidden states
+    of the whole committed sequence, hidden_states[i + 1] for the config's target_layer_ids in their order (as z-lab's
+    reference extracts them): proof that the accepted rows' taps feed it correctly (with a pair whose rounds accept
+    drafted tokens: a round of one accepted row would not test the rows' order). For DDTree the accepted path is not
+    the first nodes, so the taps must be taken along it."""
+    import torch
     target, drafter = accepting_pair
     spec = DFlash(drafter, target.cfg, block_size=4, budget=budget)
     engine = Engine(target, spec)
@@ -76,14 +77,41 @@ def test_drafter_context_tracks_committed_sequence(accepting_pair, budget):
     n = int(d.state.length[0])
     seq = prompt + np.asarray(d.out[0, :int(d.n_out[0])]).tolist()
     assert len(seq) == n + 1                 # everything but the pending token is committed
-    fwd, _ = jitted(target)
-    _, taps, _, _ = fwd(jnp.asarray([seq[:n]]), init_state(target.cfg, 1, 64), trees.chain(1, n), taps=spec.taps)
-    ref = drafter.add_context(drafter.init_cache(1, 64), taps, jnp.asarray([n]))
+    with torch.no_grad():     # taps are the layers' outputs, before the lm_head that accepting_pair cuts
+        hidden = tiny_hf[1](torch.tensor([seq[:n]]), output_hidden_states=True).hidden_states
+    taps = np.stack([hidden[i + 1][0].numpy() for i in drafter.cfg.target_layer_ids], 1)[None]
+    ref = drafter.add_context(drafter.init_cache(1, 64), jnp.asarray(taps, jnp.float32), jnp.asarray([n]))
     assert int(d.draft.length[0]) == n
     # A full layer's rows past the context are scratch (the last drafted block's K/V); a ring is all context.
     rows = [n if w is None else None for w in drafter.cfg.windows] * 2
     for got, want, r in zip(d.draft.keys + d.draft.values, ref.keys + ref.values, rows):
-        np.testing.assert_allclose(got[:, :r], want[:, :r], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[:, :r], want[:, :r], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("top_k", [0, 1])
+def test_sampled_chain_carries_each_drafts_own_distribution(pair, top_k):
+    """A sampled DFlash proposal's logq row j is the distribution node j was drawn from: row 0 (the anchor, not drawn)
+    all zero, row j >= 1 the drafter's sampling distribution at block slot j (`log_probs` of its logits), and each
+    draft has finite mass under its own row (with top_k = 1, all of it). Rejection sampling divides by these rows."""
+    from jaxspec.sampling import log_probs
+    target, drafter = pair
+    spec = DFlash(drafter, target.cfg, block_size=5)
+    s = Sampling(temperature=0.8, top_k=top_k)
+    prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8, 9, 7]]
+    _, _, cache, _ = Engine(target, spec).prefill(prompts, 32)
+    pending = jnp.array([11, 42], jnp.int32)
+    params = nnx.state(drafter)
+    prop, _ = spec.propose(params, target, cache, pending, jax.random.key(3), s)
+    logits, _ = drafter.draft(cache, pending, target.embed_tokens[...], target.unembedding(), 5)
+    want = np.asarray(log_probs(logits, s))
+    logq, tokens = np.asarray(prop.logq), np.asarray(prop.tokens)
+    assert logq.shape == (2, 5, 512) and np.all(logq[:, 0] == 0) and np.all(tokens[:, 0] == [11, 42])
+    np.testing.assert_allclose(logq[:, 1:], want, rtol=1e-6, atol=1e-6)
+    own = np.take_along_axis(logq[:, 1:], tokens[:, 1:, None], 2)[..., 0]
+    assert np.all(np.isfinite(own))
+    if top_k == 1:
+        np.testing.assert_array_equal(own, 0.0)
+        np.testing.assert_array_equal(tokens[:, 1:], np.argmax(want, -1))
 
 
 def test_sampled_dflash_runs_and_is_seeded(pair):

@@ -254,6 +254,39 @@ def test_zero_new_rows_leave_the_cache_alone(ref):
 
 
 @pytest.mark.parametrize("ref", ["qwen36"], indirect=True)
+def test_ring_of_max_len_below_the_window(ref):
+    """A cache of max_len 6 under a window of 8: the sliding layers' rings hold 6 rows, and a context of all 6 (in one
+    chunk, or 4 + 2) must keep position 0 visible, as the reference's unwindowed-at-this-length attention does."""
+    model, drafter, embed, lm = ref
+    assert drafter.cfg.sliding_window == 8
+    rng = np.random.default_rng(6)
+    ctx = rng.standard_normal((6, N_TAPS * D)).astype(np.float32)
+    want = ref_logits(model, ctx, 6, 31, embed, lm, block_size=drafter.cfg.block_size)
+    one = add_context(drafter, drafter.init_cache(1, 6), jnp.asarray(ctx[None]), jnp.array([6]))
+    two = drafter.init_cache(1, 6)
+    for part in (ctx[:4], ctx[4:]):
+        two = add_context(drafter, two, jnp.asarray(pad_rows([part], 4)), jnp.array([len(part)]))
+    for cache in (one, two):
+        assert cache.rows[0] == 6
+        assert_close(draft(drafter, cache, jnp.array([31]), jnp.asarray(embed), jnp.asarray(lm))[0], want)
+
+
+@pytest.mark.parametrize("ref", ["qwen36"], indirect=True)
+def test_padding_columns_of_a_sharded_vocabulary_are_never_drafted(ref):
+    """An lm_head padded past the vocabulary (as a tensor-parallel layout pads it) gives -inf logits in the padding
+    columns, whatever their weights, and the vocabulary's columns unchanged."""
+    _, drafter, embed, lm = ref
+    rng = np.random.default_rng(7)
+    cache = add_context(drafter, drafter.init_cache(1, 16), jnp.asarray(rng.standard_normal((1, 9, N_TAPS * D)),
+                                                                     jnp.float32), jnp.array([9]))
+    padded = np.concatenate([lm, 50.0 * np.abs(rng.standard_normal((D, 8))).astype(np.float32)], 1)
+    got = np.asarray(draft(drafter, cache, jnp.array([4]), jnp.asarray(embed), jnp.asarray(padded)))
+    want = np.asarray(draft(drafter, cache, jnp.array([4]), jnp.asarray(embed), jnp.asarray(lm)))
+    assert got.shape[-1] == V + 8 and np.all(got[..., V:] == -np.inf)
+    np.testing.assert_array_equal(got[..., :V], want)
+
+
+@pytest.mark.parametrize("ref", ["qwen36"], indirect=True)
 def test_bfloat16_path(ref):
     """bf16 params, cache and inputs run and stay near the fp32 logits."""
     _, drafter, embed, lm = ref
