@@ -67,13 +67,35 @@ def recipe_mask(anchors, t, block, causal, window):
     return m
 
 
-@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 3), (False, 4)])
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 3), (False, 4), (False, 2)])
 def test_block_masks_equal_the_recipe(causal, window):
+    """(False, 2): a two-sided window narrower than the block, so that it also hides block slots ahead."""
     anchors = np.array([[1, 4, 9], [0, 2, 10]], np.int32)
     t, block = 14, 4
     got, q_pos = train.block_masks(jnp.asarray(anchors), t, block, causal, window)
     np.testing.assert_array_equal(np.asarray(got), recipe_mask(anchors, t, block, causal, window))
     np.testing.assert_array_equal(np.asarray(q_pos)[0, :4], [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 3), (False, 2)])
+def test_block_masks_equal_z_labs_inference_mask(causal, window):
+    """Each block's rows of `block_masks` against z-lab's `dflash.model._attention_mask` for that block drafted
+    after exactly its anchor's context rows (keys = context 0..anchor-1, then the block): the context columns from
+    the anchor on and the other blocks' columns hidden. (torch and dflash come with the test extra.)"""
+    import torch
+    from dflash import model as zlab
+    anchors = np.array([[1, 4, 9], [0, 2, 10]], np.int32)
+    t, block = 14, 4
+    got = np.asarray(train.block_masks(jnp.asarray(anchors), t, block, causal, window)[0])
+    for s in range(2):
+        for j, a in enumerate(anchors[s]):
+            want = zlab._attention_mask(torch.zeros(1, 1, block, 1), torch.zeros(1, 1, a + block, 1),
+                                        is_causal=causal, sliding_window=window)[0, 0].numpy()
+            rows = got[s, j * block:(j + 1) * block]
+            np.testing.assert_array_equal(rows[:, :a], want[:, :a])
+            assert not rows[:, a:t].any()
+            np.testing.assert_array_equal(rows[:, t + j * block:t + (j + 1) * block], want[:, a:])
+            assert rows[:, t:].sum() == rows[:, t + j * block:t + (j + 1) * block].sum()
 
 
 @pytest.mark.parametrize("layer_types", [(FULL, FULL), (SLIDING, FULL)])
@@ -108,6 +130,11 @@ def test_loss_weights():
     w = train.loss_weights(16, train.default_gamma(16))
     assert train.default_gamma(16) == 7.0 and len(w) == 15
     np.testing.assert_allclose(w, np.exp(-np.arange(15) / 7.0), rtol=1e-6)
+
+
+def test_default_gamma_is_the_recipes():
+    """reference/dflash.md section 4: gamma 7 for B = 16, 5 for B = 10, 4 for B = 8."""
+    assert [train.default_gamma(b) for b in (16, 10, 8)] == [7.0, 5.0, 4.0]
 
 
 def test_loss_is_weighted_mean_of_slot_ce():
@@ -146,6 +173,27 @@ def test_sample_anchors():
         train.sample_anchors(np.random.default_rng(0), 1, 20, 8, 14, 0)
 
 
+def test_sample_anchors_span_lo_to_t_minus_block():
+    """As many anchors as valid positions: every position from lo to t - B (both ends included) is an anchor."""
+    a = train.sample_anchors(np.random.default_rng(0), 2, 12, 4, 6, 3)
+    np.testing.assert_array_equal(a, [np.arange(3, 9)] * 2)
+    a = train.sample_anchors(np.random.default_rng(1), 2, 12, 4, 3, np.array([0, 6]))
+    np.testing.assert_array_equal(a[1], [6, 7, 8])
+
+
+def test_batches_draw_other_anchors_per_sequence_and_step_and_reach_every_sequence():
+    """Anchors are drawn per sequence (64 sequences with one lo give more than 32 distinct anchor sets), the batches
+    of `drafter_batches` and `cached_batches` differ from step to step, and 50 steps reach every sequence."""
+    a = train.sample_anchors(np.random.default_rng(0), 64, 40, 4, 3, 2)
+    assert len({tuple(r) for r in a}) > 32
+    seqs = np.arange(8 * 24, dtype=np.int32).reshape(8, 24)         # row i starts with 24 i
+    cache = type("Cache", (), {"arrays": lambda self: (seqs, seqs + 1, np.zeros((8, 24, 2, 4), np.float16))})()
+    for f in (train.drafter_batches(seqs, 1, 4, 4, 3, seed=0), train.cached_batches(cache, 8, 4, 4, 3, 1, seed=0)):
+        x, y = f(0), f(1)
+        assert not np.array_equal(x["tokens"], y["tokens"]) and not np.array_equal(x["anchors"], y["anchors"])
+        assert {int(r) // 24 for s in range(50) for r in f(s)["tokens"][:, 0]} == set(range(8))
+
+
 # ------------------------------------------------------------------------------------------------
 # Teacher-forced corpus data (FeatureCache, block_labels, the cached loss)
 
@@ -164,6 +212,46 @@ def test_block_labels_follow_the_greedy_path():
     np.testing.assert_array_equal(valid, [[[1, 1, 0], [1, 0, 0]]])
     _, valid = train.block_labels(tokens, greedy, jnp.asarray([[1, 2]]), 4, exact=False)
     assert bool(valid.all())
+
+
+def test_cached_loss_counts_only_the_slots_on_the_targets_greedy_path():
+    """`drafter_loss_cached` on a drafter of O(1) weights, with a greedy path that the stream leaves inside some
+    blocks, against a loop over the slots: sum of w_k x CE over the slots before the first one off the path, over
+    the sum of those w_k, w_k = exp(-(k - 1) / gamma); exact=False (--stream-labels): over all slots."""
+    d = tiny_drafter((FULL,), block=4, scale=True)
+    dg, dp = nnx.split(d)
+    cfg = d.cfg
+    rng = np.random.default_rng(3)
+    toks = rng.integers(2, cfg.vocab_size, (2, 16)).astype(np.int32)
+    greedy = np.roll(toks, -1, 1)                         # the stream follows the target's greedy path ...
+    for s, p in ((0, 5), (1, 3), (1, 10)):                # ... but for the token after position p
+        greedy[s, p] = 2 + (toks[s, p + 1] - 1) % (cfg.vocab_size - 2)
+    anchors = np.array([[4, 9], [2, 10]], np.int32)       # blocks cut after slot 2, none, 2 and 1
+    taps = rng.normal(size=(2, 16, cfg.n_taps, cfg.hidden_size)).astype(np.float16)
+    frozen = {"embed": rng.normal(size=(cfg.vocab_size, cfg.hidden_size)).astype(np.float32),
+              "lm_head": (rng.normal(size=(cfg.hidden_size, cfg.vocab_size)) / 6).astype(np.float32)}
+    batch = {"tokens": toks, "greedy": greedy, "taps": taps, "anchors": anchors}
+    got = {exact: float(jax.jit(train.drafter_loss_cached(dg, 2.0, exact=exact))(dp, frozen, batch))
+           for exact in (True, False)}
+    logp = np.asarray(jax.nn.log_softmax(train.drafter_block_logits(
+        d, jnp.asarray(taps), jnp.asarray(toks), jnp.asarray(anchors), frozen["embed"], frozen["lm_head"]), -1),
+        np.float64)                                       # [b, A, B-1, V]
+    sums = {True: [0.0, 0.0], False: [0.0, 0.0]}
+    counted = []
+    for s in range(2):
+        for j, a in enumerate(anchors[s]):
+            on_path = True
+            for k in range(1, 4):
+                on_path = on_path and (k == 1 or toks[s, a + k - 1] == greedy[s, a + k - 2])
+                w, ce = np.exp(-(k - 1) / 2.0), -logp[s, j, k - 1, greedy[s, a + k - 1]]
+                for exact in (True, False):
+                    if on_path or not exact:
+                        sums[exact][0] += w * ce
+                        sums[exact][1] += w
+                counted.append(on_path)
+    assert counted == [1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0]
+    for exact in (True, False):
+        assert got[exact] == pytest.approx(sums[exact][0] / sums[exact][1], rel=1e-4)
 
 
 def test_feature_cache_builds_resumes_and_matches_the_online_loss(tmp_path):
@@ -302,6 +390,13 @@ def test_held_out_batches_are_fixed_chunks_of_the_held_out_rows():
     assert all(((x["anchors"] >= 6) & (x["anchors"] <= 16)).all() and x["anchors"].shape == (4, 3) for x in a)
     assert not np.array_equal(a[0]["anchors"], a[1]["anchors"])
     assert list(train.held_out_batches(rows, 3, 20, 4, 4, 3, 6, seed=2)()) == []
+
+
+def test_held_out_batches_keep_a_last_whole_chunk():
+    """n a multiple of the batch: every row in a chunk, none dropped (8 rows of batch 4: rows 0-3 and 4-7)."""
+    rows = lambda idx: {"tokens": np.stack([np.full(20, 100 + i) for i in idx])}
+    got = list(train.held_out_batches(rows, 8, 20, 4, 4, 3, 6, seed=2)())
+    assert [x["tokens"][:, 0].tolist() for x in got] == [[100, 101, 102, 103], [104, 105, 106, 107]]
 
 
 def test_drafter_subcommand_live_features_with_a_held_out_loss(tmp_path, capsys):
@@ -679,6 +774,16 @@ def test_adamw_schedule():
     assert float(train.lr_at(100, 100, o)) == pytest.approx(0.1)
 
 
+def test_adamw_schedule_decays_on_a_cosine_after_the_warm_up():
+    """lr_at after the warm-up (OptConfig's comment: cosine decay to lr x min_lr_frac at `steps`): the peak at step
+    `warmup`, then min + (peak - min) x (1 + cos(pi x (step - warmup) / (steps - warmup))) / 2."""
+    o = train.OptConfig(lr=2.0, warmup=10, min_lr_frac=0.1)
+    assert float(train.lr_at(10, 100, o)) == pytest.approx(2.0, rel=1e-6)
+    for step in (25, 55, 80):
+        want = 0.2 + (2.0 - 0.2) * 0.5 * (1 + np.cos(np.pi * (step - 10) / 90))
+        assert float(train.lr_at(step, 100, o)) == pytest.approx(want, rel=1e-6), step
+
+
 def test_adamw_clips_decays_matrices_only_and_corrects_bias():
     """Two AdamW steps against numpy: the gradients clipped to global norm `clip` (here 5 -> 1), decoupled weight
     decay on the matrix but not on the vector, m and v divided by 1 - b^t, and lr_at's schedule."""
@@ -717,6 +822,29 @@ def _quadratic_trainer(ck, batch_at, steps=10, ckpt_every=2):
     return train.Trainer(lambda p, frozen, b: jnp.sum(p["w"] ** 2) * b["s"][0], {"w": jnp.ones((2, 2))}, (),
                          batch_at, steps=steps, opt=train.OptConfig(lr=0.1, warmup=1), ckpt_dir=ck,
                          ckpt_every=ckpt_every, log_every=1, name="t")
+
+
+def test_the_trainers_own_warm_up_is_used_and_resumed(tmp_path):
+    """A warm-up set on the Trainer (as calibration and restore set it) rather than its OptConfig's: each step's
+    learning rate is lr_at's with that warm-up, and a run interrupted after 3 steps and resumed into a fresh Trainer
+    gives the uninterrupted run's losses."""
+    batch_at = lambda step: {"s": np.ones((1,), np.float32)}
+    tr = _quadratic_trainer(None, batch_at)
+    tr.warmup = 5                                              # the OptConfig's is 1
+    for step in range(3):
+        tr.run_step()
+        want = float(train.lr_at(step, 10, train.OptConfig(lr=0.1, warmup=5)))
+        assert float(tr._last[2]) == pytest.approx(want, rel=1e-6) and want < 0.1
+    ref = _quadratic_trainer(tmp_path / "ref", batch_at, ckpt_every=0)
+    ref.warmup = 5
+    ref.run()
+    first = _quadratic_trainer(tmp_path / "ck", batch_at, ckpt_every=0)
+    first.warmup = 5
+    first.run(max_steps=3)                                     # "interrupted"; saved on exit
+    again = _quadratic_trainer(tmp_path / "ck", batch_at, ckpt_every=0)
+    assert again.restore() and again.step == 3 and again.warmup == 5
+    again.run()
+    np.testing.assert_allclose(again.losses, ref.losses, rtol=1e-6)
 
 
 def test_a_diverged_run_keeps_its_last_good_checkpoint(tmp_path, capsys):
@@ -1506,6 +1634,54 @@ def test_drafter_whose_data_took_the_whole_time_budget(cli_target, tmp_path, cap
     assert not (out / "drafter").exists() and train.newest_meta(out / "ckpt") is None     # no step saved
     assert train.main(drafter_args(cli_target, out, "--steps", "2")) == 0
     assert (out / "drafter" / "config.json").is_file()
+
+
+def test_drafter_hands_its_trainer_the_recipes_schedule_labels_anchors_and_held_out_rows(cli_target, tmp_path,
+                                                                                         monkeypatch):
+    """What `drafter` hands its Trainer, caught there (nothing trains): a warm-up of 4% of --steps (--help: "linear
+    warm-up over the first 4%"), labels masked off the greedy path unless --stream-labels, anchors after the first
+    --prompt-len - 1 tokens (--help), and with --val-sequences N the last N windows held out, the training batches
+    drawn from the others (the windows: the first --windows of `corpus_windows` over the text's token stream)."""
+    class Caught(Exception):
+        pass
+    seen, real_windows = {}, train.corpus_windows
+
+    def catch(name):
+        real = getattr(train, name)
+
+        def f(*a, **kw):
+            seen.setdefault(name, []).append((a, kw))
+            return real(*a, **kw)
+        monkeypatch.setattr(train, name, f)
+    for name in ("drafter_loss_cached", "cached_batches", "drafter_batches", "held_out_batches", "corpus_windows"):
+        catch(name)
+
+    def trainer(loss_fn, params, frozen, batch_at, **kw):
+        seen["trainer"] = kw
+        raise Caught
+    monkeypatch.setattr(train, "Trainer", trainer)
+
+    def run(out, *flags):
+        seen.clear()
+        with pytest.raises(Caught):
+            train.main(drafter_args(cli_target, tmp_path / out, "--steps", "100", *flags))     # --prompt-len 4
+        return seen
+    got = run("c")                                                                            # --features cache
+    assert got["trainer"]["opt"].warmup == 4 and got["trainer"]["opt"].lr == pytest.approx(6e-4)
+    assert [kw.get("exact", True) for _, kw in got["drafter_loss_cached"]] == [True]
+    assert got["cached_batches"][0][0][5] == 3
+    got = run("c", "--stream-labels")
+    assert [kw.get("exact", True) for _, kw in got["drafter_loss_cached"]] == [False]
+    got = run("l", "--features", "live", "--val-sequences", "2")                              # --windows 8
+    (stream, window, seed), _ = got["corpus_windows"][0]
+    windows = np.stack([stream[s:s + window] for s in real_windows(stream, window, seed)[:8]])
+    (train_seqs, train_lo, *_), _ = got["drafter_batches"][0]
+    (rows, n_val, *_, held_lo, _), _ = got["held_out_batches"][0]
+    held = rows(np.arange(n_val))["tokens"]
+    assert n_val == 2 and train_lo == held_lo == 3
+    np.testing.assert_array_equal(train_seqs, windows[:6])
+    np.testing.assert_array_equal(held, windows[6:])
+    assert not any(np.array_equal(h, x) for h in held for x in train_seqs)
 
 
 def test_drafter_refuses_token_ids_outside_the_targets_vocabulary(cli_target, tmp_path, capsys):
