@@ -527,6 +527,11 @@ def test_degrees_that_do_not_divide_the_model_name_the_field(target, drafter):
         S.check_target(cfg.replace(num_heads=16, intermediate_size=256), 16)
     with pytest.raises(ConfigError, match=r"num_key_value_heads=3"):
         S.check_target(cfg.replace(num_heads=24, num_kv_heads=3), 2)
+    with pytest.raises(ConfigError, match=r"--tp 4 does not divide the model: intermediate_size=102 is not a multiple "
+                                          r"of 4"):
+        S.check_target(cfg.replace(intermediate_size=102), 4)
+    with pytest.raises(ConfigError, match=r"--tp 2 does not fit the DFlash drafter: num_key_value_heads=3"):
+        S.check_drafter(drafter.cfg.replace(num_heads=24, num_kv_heads=3), 2)
     with pytest.raises(ConfigError, match=r"DFlash drafter: intermediate_size=100 is not a multiple of 8"):
         S.check_drafter(drafter.cfg.replace(intermediate_size=100), 8)
     with pytest.raises(ConfigError, match=r"needs 16 devices, but 8 are visible"):
@@ -549,7 +554,7 @@ def test_a_model_already_laid_out_is_not_laid_out_again(target, drafter):
 BAD_MESHES = {   # mesh (names, shape) -> what the error names; "explicit" is jax.make_mesh's (1, 4) mesh
     "explicit": r"types \('Explicit', 'Explicit'\).*AxisType\.Auto",
     "x-y": r"axes \('x', 'y'\)", "dp-tp": r"axes \('dp', 'tp'\)", "1-D": r"axes \('model',\)",
-    "model-data": r"axes \('model', 'data'\)"}
+    "model-data": r"axes \('model', 'data'\)", "mixed": r"types \('Auto', 'Explicit'\).*AxisType\.Auto"}
 
 
 @pytest.mark.parametrize("kind", BAD_MESHES)
@@ -564,7 +569,9 @@ def test_meshes_jaxspec_cannot_shard_on_are_named(ckpt, target, drafter, kind):
             "x-y": lambda: Mesh(devs.reshape(2, 2), ("x", "y")),
             "dp-tp": lambda: Mesh(devs.reshape(1, 4), ("dp", "tp")),
             "1-D": lambda: Mesh(devs[:2], (S.MODEL,)),
-            "model-data": lambda: Mesh(devs.reshape(4, 1), (S.MODEL, S.DATA))}[kind]()
+            "model-data": lambda: Mesh(devs.reshape(4, 1), (S.MODEL, S.DATA)),
+            "mixed": lambda: Mesh(devs.reshape(1, 4), (S.DATA, S.MODEL),
+                                  axis_types=(AxisType.Auto, AxisType.Explicit))}[kind]()
     if kind == "explicit":
         assert mesh.axis_types == (AxisType.Explicit,) * 2
     st = S.shard_target(target, S.make_mesh(4, 1))
@@ -709,6 +716,38 @@ def test_room_problem_weighs_each_devices_share_of_a_state(target, monkeypatch):
     problem = S.room_problem(abstract, mesh, "the state")
     assert problem.startswith(f"the state needs {share / 2**30:.2f} GiB per device") and \
         "the pool is XLA_CLIENT_MEM_FRACTION=0.6 of its memory" in problem, problem
+
+
+def test_room_problem_counts_each_leafs_own_dtype(monkeypatch):
+    """A bf16 cache of 2 x 64 x 4 x 32 entries is 32768 bytes (2 each), plus an int32 [2] length: refused exactly
+    when fewer bytes are free (on the CPU host, unsharded)."""
+    abstract = {"keys": jax.ShapeDtypeStruct((2, 64, 4, 32), jnp.bfloat16), "length": jax.ShapeDtypeStruct((2,),
+                                                                                                          jnp.int32)}
+    need = 2 * 64 * 4 * 32 * 2 + 2 * 4
+    monkeypatch.setattr(S, "host_room", lambda: (need, 2**31))
+    assert S.room_problem(abstract, None, "the cache") is None
+    monkeypatch.setattr(S, "host_room", lambda: (need - 1, 2**31))
+    assert S.room_problem(abstract, None, "the cache").startswith("the cache needs 0.00 GiB")
+
+
+def test_state_shards_follow_the_layout(target):
+    """Under a (tp 4, dp 2) mesh each device holds, by the layout's arithmetic: one of the 2 sequences; a quarter of
+    the 16 GDN value heads' states and conv channels; one of the 4 kv heads (2 in the checkpoint, each repeated
+    twice); the whole length and head dims."""
+    mesh = S.make_mesh(4, 2)
+    cfg = S.shard_target(target, mesh).cfg
+    state = S.state_maker(mesh, lambda: init_state(cfg, 2, 96))()
+    conv_channels = 2 * 8 * 8 + 16 * 8          # q, k (8 key heads x 8) and v (16 value heads x 8)
+    want = {"length": (1,), "keys": (1, 96, 1, cfg.head_dim), "values": (1, 96, 1, cfg.head_dim),
+            "conv": (1, cfg.conv_kernel - 1, conv_channels // 4), "ssm": (1, 4, 8, 8)}
+    for field, shape in want.items():
+        leaves = getattr(state, field)
+        for x in (leaves if isinstance(leaves, tuple) else (leaves,)):
+            assert {s.data.shape for s in x.addressable_shards} == {shape}, (field, x.shape)
+    # Other arrays (a round's pending tokens, output buffers): split on the batch where dp divides it, else whole.
+    other = {"pending": jax.ShapeDtypeStruct((2, 7), jnp.int32), "odd": jax.ShapeDtypeStruct((3, 7), jnp.int32)}
+    got = S.state_shardings(mesh, other)
+    assert got["pending"].shard_shape((2, 7)) == (1, 7) and got["odd"].shard_shape((3, 7)) == (3, 7)
 
 
 def test_host_room_reads_meminfo(tmp_path):
