@@ -824,6 +824,24 @@ def _quadratic_trainer(ck, batch_at, steps=10, ckpt_every=2):
                          ckpt_every=ckpt_every, log_every=1, name="t")
 
 
+@pytest.mark.parametrize("rows,devices", [(4, 4), (6, 6), (3, 3), (16, 8)])
+def test_batches_are_split_over_the_most_devices_that_divide_them(rows, devices):
+    """Data parallel over the tests' 8 CPU devices: a batch of `rows` is split on the mesh's "data" axis over the
+    most devices that divide it, one equal slice each, and the step's loss is the unsplit batch's (numpy)."""
+    assert jax.device_count() == 8
+    x = np.random.default_rng(rows).standard_normal((rows, 3)).astype(np.float32)
+    w0 = np.arange(6, dtype=np.float32).reshape(3, 2) / 6
+    tr = train.Trainer(lambda p, frozen, b: jnp.mean(jnp.sum((b["x"] @ p["w"]) ** 2, -1)), {"w": jnp.asarray(w0)},
+                       (), lambda step: {"x": x}, steps=2, opt=train.OptConfig(lr=0.1, warmup=1), ckpt_dir=None,
+                       log_every=1, name="dp")
+    assert tr.mesh.size == devices
+    batch = tr._load(0)
+    assert {s.data.shape for s in batch["x"].addressable_shards} == {(rows // devices, 3)}
+    assert len({s.device for s in batch["x"].addressable_shards}) == devices
+    loss = float(tr.run_step(batch))
+    assert loss == pytest.approx(float(np.mean(np.sum((x @ w0) ** 2, -1))), rel=1e-5)
+
+
 def test_the_trainers_own_warm_up_is_used_and_resumed(tmp_path):
     """A warm-up set on the Trainer (as calibration and restore set it) rather than its OptConfig's: each step's
     learning rate is lr_at's with that warm-up, and a run interrupted after 3 steps and resumed into a fresh Trainer
