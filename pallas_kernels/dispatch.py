@@ -76,10 +76,13 @@ def chosen_by(env_var: str, implementation: str | None) -> str:
 
 def parse_args(ap, argv=None):
     """`ap.parse_args(argv)`, then the environment's flags checked (`check_flags`, `check_gpu_flags`): a bad one is
-    the parser's error, one line and status 2, before the command does any work."""
+    the parser's error, one line and status 2, before the command does any work. `check_gpu_flags` may start the
+    GPU client, so the CLI's claim on device memory (`jaxspec.sharding.claim_device_memory`) is made first."""
+    from jaxspec.sharding import claim_device_memory
     args = ap.parse_args(argv)
     try:
         check_flags()
+        claim_device_memory()
         check_gpu_flags()
     except ValueError as e:
         ap.error(str(e))

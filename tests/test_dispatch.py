@@ -4,6 +4,7 @@ then recorded in a result's flags as if it had chosen something."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -112,6 +113,23 @@ def test_clis_refuse_a_forced_gpu_kernel_before_loading(monkeypatch, capsys):
         assert "JAXSPEC_TREE_ATTENTION='pallas_triton' forces a GPU kernel" in capsys.readouterr().err
 
 
+def test_the_gpu_flag_check_comes_after_the_clis_claim_on_device_memory(monkeypatch):
+    """Looking up the backend starts the GPU client, which reads the memory fraction only then: `parse_args` claims
+    it (jaxspec.sharding.claim_device_memory) before `check_gpu_flags` looks, so a run with a kernel flag set gets
+    the pool the CLIs give every run."""
+    import argparse
+
+    from jaxspec import sharding
+    for v in sharding.FRACTION_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("JAXSPEC_GDN_DECODE", "pallas_triton")
+    seen = []
+    monkeypatch.setattr(dispatch.jax, "default_backend",
+                        lambda: seen.append(os.environ.get(sharding.FRACTION_VARS[0])) or "gpu")
+    dispatch.parse_args(argparse.ArgumentParser(), [])
+    assert seen == [sharding.MEM_FRACTION]
+
+
 def test_a_forced_kernel_beyond_its_shapes_is_refused_naming_the_flag(monkeypatch):
     """Forcing the tree delta rule's or chain attention's kernels on shapes they do not take is refused naming the
     variable (or the argument) that forced them, not inside the kernel in another op's words."""
@@ -139,7 +157,7 @@ def test_a_forced_kernel_beyond_its_shapes_is_refused_naming_the_flag(monkeypatc
 
 def test_kernels_skip_shapes_they_would_not_build_well(monkeypatch):
     """add_rms_norm at a width walked in more than 64 chunks runs the reference even when forced (the unrolled walk
-    took 74 s to lower at D = 5121); tree attention's kernel refuses head dims whose tiles overflow shared memory."""
+    is slow to lower at D = 5121); tree attention's kernel refuses head dims whose tiles overflow shared memory."""
     from pallas_kernels.add_rms_norm import pallas_triton as arn_kernel
     from pallas_kernels.add_rms_norm import reference as arn_reference
     from pallas_kernels.tree_attention import pallas_triton as ta_kernel

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 
-MAX_CHUNKS = 64     # the walk is unrolled: D = 5121 would be 5121 one-element chunks (74 s to lower, uncompiled)
+MAX_CHUNKS = 64     # the walk is unrolled: D = 5121 would be 5121 one-element chunks, slow to lower
 
 
 def chunk_of(d: int) -> int:
