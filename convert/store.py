@@ -26,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +38,7 @@ from safetensors.numpy import save_file
 from convert.hf import (CONVERTED_META, MTP_FILE, PARAMS, TARGET_FORMAT, CheckpointError, ShardingSpec,
                         abstract_params, assemble, has_mtp_tensors, load_mtp_tensors, load_target, resolve_sharding)
 from jaxspec.config import load_target_config
-from jaxspec.files import blocking_file, orbax_path_problem, replace_dir
+from jaxspec.files import blocking_file, clear_leftovers, orbax_path_problem, real_dir, replace_dir, temp_sibling
 from jaxspec.model import Qwen35, fuse_params, split_params
 
 META = CONVERTED_META                          # "jaxspec.json"
@@ -147,12 +146,13 @@ def save(kind: Kind, model, out_dir: str | Path, src_dir: str | Path, *, overwri
 
     Everything goes into a temporary dir next to `out_dir` that is renamed into place at the end, so
     `out_dir` is either the complete result or untouched; the temporary dir is removed on any failure, Ctrl-C
-    and SIGTERM included, and temporary dirs that a killed save of the same `out_dir` left behind are removed
-    first. `check_out_dir` says which `out_dir` is refused; it runs here even when the CLI ran it before the load
-    (a caller of the API may not have, and `out_dir` may have changed during a load of minutes). `extra(tmp_dir)`
-    writes kind-specific files before the params.
+    and SIGTERM included, and what a killed write of the same `out_dir` left behind is cleared first
+    (`check_out_dir`). An `out_dir` that links to a dir writes that dir. `check_out_dir` says which `out_dir` is
+    refused; it runs here even when the CLI ran it before the load (a caller of the API may not have, and
+    `out_dir` may have changed during a load of minutes). `extra(tmp_dir)` writes kind-specific files before the
+    params.
     """
-    out_dir, src_dir = Path(out_dir).absolute(), Path(src_dir)
+    out_dir, src_dir = real_dir(out_dir).absolute(), Path(src_dir)
     check_out_dir(kind, out_dir, {"source checkpoint": src_dir}, overwrite=overwrite)
     config_path = src_dir / "config.json"
     # The copied config.json is all a restore has to rebuild the model from, so it must describe this
@@ -210,11 +210,7 @@ def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, p
     checked again just before the rename: a dir that appeared there during the write is refused as `check_out_dir`
     refuses it."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in _stale_temp_dirs(out_dir):
-        print(f"convert: removing {stale}, left behind by an interrupted conversion to {out_dir}", file=sys.stderr,
-              flush=True)
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = out_dir.parent / f".{out_dir.name}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    tmp = temp_sibling(out_dir)
     with _sigterm_raises() as hold:
         try:
             tmp.mkdir()
@@ -268,8 +264,11 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
       (OutDirTaken).
     - No dir can be made beside `out_dir` (read-only, /proc, ...), where the save writes its temp dir: a probe dir
       is made and removed in the nearest existing folder above `out_dir` (OutDirError).
+    What a killed write of `out_dir` left beside it is cleared before the checks that look at `out_dir`
+    (jaxspec/files.py `clear_leftovers`: a previous `out_dir` that it had moved aside is put back, so it is
+    refused as any existing one is). An `out_dir` that links to a dir is that dir.
     """
-    out_dir = Path(out_dir).absolute()
+    out_dir = real_dir(out_dir).absolute()
     problem = orbax_path_problem(out_dir)
     if problem:
         raise CheckpointError(f"{out_dir}: {problem}")
@@ -286,6 +285,7 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
     parent = blocking_file(out_dir, parents_only=True)
     if parent is not None:
         raise CheckpointError(f"{out_dir}: cannot be created: {parent} is not a directory")
+    clear_leftovers(out_dir, "convert")
     if out_dir.exists() or out_dir.is_symlink():
         _check_replaceable(kind, out_dir, overwrite)
     _probe_writable(out_dir)
@@ -323,35 +323,6 @@ def _check_replaceable(kind: Kind, out_dir: Path, overwrite: bool) -> None:
     if found != kind.format:
         raise OutDirTaken(f"{out_dir}: not replaced: it holds format {found!r} ({META}), not a converted "
                           f"{kind.name} ({kind.format!r}); remove it yourself or choose another output dir")
-
-
-_TMP = ".tmp-"
-_TMP_ID = re.compile(r"(?:(\d+)-)?[0-9a-f]{12}")      # the saving process's id (none before session 64), a uuid's
-
-
-def _stale_temp_dirs(out_dir: Path) -> list[Path]:
-    """`.NAME.tmp-PID-XXXXXXXXXXXX` dirs beside `out_dir` (NAME its name) whose process is gone: what a save
-    killed without a chance to clean up (SIGKILL, a power cut) left behind; and `.NAME.old-PID-XXXXXXXXXXXX`, the
-    previous `out_dir` that such a save with overwrite had moved aside (jaxspec/files.py `replace_dir`). A running
-    save's (another conversion to the same dir) are left alone."""
-    stale = []
-    for p in out_dir.parent.iterdir():
-        kind = next((t for t in (_TMP, ".old-") if p.name.startswith(f".{out_dir.name}{t}")), None)
-        m = _TMP_ID.fullmatch(p.name[len(out_dir.name) + 1 + len(kind):]) if kind else None
-        if m and p.is_dir() and not p.is_symlink() and not (m.group(1) and _running(int(m.group(1)))):
-            stale.append(p)
-    return sorted(stale)
-
-
-def _running(pid: int) -> bool:
-    """Whether a process `pid` exists on this host (one we may not signal counts)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):     # none, or no process can have that id
-        return False
-    except PermissionError:                         # another user's
-        return True
-    return pid > 0
 
 
 @contextlib.contextmanager

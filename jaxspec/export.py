@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -22,9 +21,9 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxspec.config import FULL, TargetConfig
+from jaxspec.config import FULL, LINEAR, TargetConfig
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.files import blocking_file, replace_dir
+from jaxspec.files import blocking_file, clear_leftovers, real_dir, replace_dir, temp_sibling
 
 INDEX_NAME = "model.safetensors.index.json"
 # Weights an export does not write but that a load would read with its own: an earlier model's MTP head
@@ -37,11 +36,13 @@ def staged_dir(out: str | Path, keep: Callable[[Path], bool] | None = None):
     """Write the directory `out` whole or not at all: yields a new temporary sibling to write into. On success the
     entries of an existing `out` that `keep(path)` accepts and that were not written anew are copied over, the old
     `out` is moved aside, the sibling renamed into place, and only then the old one removed. On an error (a full
-    disk, an interrupt) the sibling is removed and `out` is as it was."""
-    out = Path(out)
+    disk, an interrupt) the sibling is removed and `out` is as it was. What a killed export of `out` left beside it
+    is cleared first (jaxspec/files.py `clear_leftovers`); an `out` that links to a dir writes that dir."""
+    out = real_dir(out)
     _check_not_a_file(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.new-{secrets.token_hex(4)}"
+    clear_leftovers(out, "export")
+    tmp = temp_sibling(out)
     tmp.mkdir()
     try:
         yield tmp
@@ -118,6 +119,16 @@ def unsharded(model) -> tuple:
     return base, flat
 
 
+def _full_attention_period(layer_types) -> int | None:
+    """k where every k-th layer (and only those) is full attention, as transformers' `full_attention_interval`
+    lays them out; None where the layer types follow no such period."""
+    n = len(layer_types)
+    for k in range(1, n + 1):
+        if tuple(layer_types) == tuple(FULL if (i + 1) % k == 0 else LINEAR for i in range(n)):
+            return k
+    return None
+
+
 def target_hf_config(cfg: TargetConfig) -> dict:
     """A flat `qwen3_5_text` config.json that `jaxspec.config.target_config_from_hf` reads back to `cfg`."""
     return {
@@ -129,7 +140,8 @@ def target_hf_config(cfg: TargetConfig) -> dict:
         "linear_key_head_dim": cfg.linear_key_head_dim, "linear_value_head_dim": cfg.linear_value_head_dim,
         "linear_conv_kernel_dim": cfg.conv_kernel, "hidden_act": "silu", "attention_bias": False,
         "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": cfg.tie_word_embeddings,
-        "full_attention_interval": 4,
+        # Only where the layer types have that period (readers take layer_types first; some read only this).
+        **({"full_attention_interval": period} if (period := _full_attention_period(cfg.layer_types)) else {}),
         # Written only where the model has a limit: 0 (none known, e.g. jaxspec.train's targets) reads back as 0.
         **({"max_position_embeddings": cfg.max_position_embeddings} if cfg.max_position_embeddings else {}),
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,

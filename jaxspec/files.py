@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -21,14 +23,77 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# What a write of the directory NAME leaves beside it while it runs: `.NAME.tmp-PID-XXXXXXXXXXXX`, the new dir being
+# written, and `.NAME.old-PID-XXXXXXXXXXXX`, the previous NAME that `replace_dir` moved aside (the writing process's
+# id, then a uuid's 12 hex digits; conversions before session 64 wrote no process id).
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{12}")
+
+
+def temp_sibling(out: Path) -> Path:
+    """A new name beside `out` to write its next content under (`.NAME.tmp-PID-XXXXXXXXXXXX`)."""
+    return out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def is_leftover(name: str) -> bool:
+    """Whether `name` is that of a dir a write of its sibling leaves while it runs (`temp_sibling`, `replace_dir`)."""
+    return _LEFTOVER.fullmatch(name) is not None
+
+
+def real_dir(out: str | Path) -> Path:
+    """`out`, or the directory it links to: a write replaces that directory, not the link (which would leave the
+    linked one as it was and put the new content on the link's file system)."""
+    out = Path(out)
+    return out.resolve() if out.is_symlink() and out.is_dir() else out
+
+
+def stale_leftovers(out: Path) -> list[Path]:
+    """The dirs beside `out` that writes of it left behind and whose process is gone (SIGKILL, a power cut: no
+    chance to clean up); a running write's (another process writing the same dir) are left alone."""
+    stale = []
+    for p in out.parent.iterdir() if out.parent.is_dir() else ():
+        m = _LEFTOVER.fullmatch(p.name)
+        if m and m["name"] == out.name and p.is_dir() and not p.is_symlink() and \
+                not (m["pid"] and _running(int(m["pid"]))):
+            stale.append(p)
+    return sorted(stale)
+
+
+def clear_leftovers(out: Path, who: str) -> None:
+    """Before a write of `out`: where `out` is missing because a write was killed between `replace_dir`'s two
+    renames, its previous content (moved aside) is put back under its name; every other stale leftover
+    (`stale_leftovers`) is removed. Each is reported on stderr, prefixed by `who`."""
+    stale = stale_leftovers(out)
+    aside = [p for p in stale if _LEFTOVER.fullmatch(p.name)["kind"] == "old"]
+    if aside and not (out.exists() or out.is_symlink()):
+        back = max(aside, key=lambda p: p.stat().st_ctime)       # the last one moved aside (a rename sets ctime)
+        print(f"{who}: putting {back} back as {out}: an interrupted write had moved it aside", file=sys.stderr,
+              flush=True)
+        os.rename(back, out)
+        stale.remove(back)
+    for p in stale:
+        print(f"{who}: removing {p}, left behind by an interrupted write of {out}", file=sys.stderr, flush=True)
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):     # none, or no process can have that id
+        return False
+    except PermissionError:                         # another user's
+        return True
+    return pid > 0
+
+
 def replace_dir(new: Path, out: Path) -> None:
     """Rename the finished directory `new` to `out`; an old `out` is moved aside first and removed only once `new`
     is in its place (were the rename to fail, the old one is put back)."""
     if not (out.exists() or out.is_symlink()):
         os.rename(new, out)
         return
-    # Named like the save's temp dirs (the process id, then a uuid's 12 hex digits), so that one a killed process
-    # left behind can be told from a running one's (convert/store.py `_stale_temp_dirs` removes them).
+    # Named like `temp_sibling`'s dirs, so that one a killed process left behind can be told from a running
+    # one's (`clear_leftovers`).
     old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     os.rename(out, old)
     try:

@@ -43,7 +43,6 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
 import signal
 import sys
@@ -65,7 +64,7 @@ from jaxspec import tree as trees
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig
 from jaxspec.drafter import Drafter, _visible
 from jaxspec.drafter_config import DrafterConfig
-from jaxspec.files import blocking_file, orbax_path_problem, write_atomic
+from jaxspec.files import blocking_file, is_leftover, orbax_path_problem, write_atomic
 from jaxspec.sharding import claim_device_memory
 from jaxspec.provenance import git_info
 from jaxspec.model import Qwen35, init_state
@@ -1756,9 +1755,8 @@ def pack(pair: Path, out: Path, part_bytes: int) -> list[Path]:
         raise ValueError(f"part_bytes must be >= 1, got {part_bytes}")
     with tempfile.TemporaryDirectory(prefix=".pair-parts-", dir=out) as tmp:
         tmp = Path(tmp)
-        staged = re.compile(r"\..+\.(new|old)-[0-9a-f]{8}")       # what a killed `staged_dir` left
-        with tarfile.open(tmp / "pair.tar", "w") as tf:
-            tf.add(pair, arcname="demo", filter=lambda m: None if staged.fullmatch(Path(m.name).name) else m)
+        with tarfile.open(tmp / "pair.tar", "w") as tf:    # not what a killed write left (`staged_dir`)
+            tf.add(pair, arcname="demo", filter=lambda m: None if is_leftover(Path(m.name).name) else m)
         data = (tmp / "pair.tar").read_bytes()
         (tmp / "pair.tar").unlink()
         new = []

@@ -783,21 +783,58 @@ def test_a_path_that_orbax_globs_is_refused_before_loading(bad, tmp_path, capsys
     assert not (tmp_path / name).exists()
 
 
+def _dead_pid() -> str:
+    """The id of a process that has exited."""
+    return subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+
+
 def test_what_a_killed_overwrite_moved_aside_is_removed_by_the_next_save(ckpts, tmp_path):
-    """A save with overwrite moves the previous OUT_DIR aside as .NAME.old-PID-XXXX before its rename; killed
-    between the two, it leaves that dir (a whole conversion's size). The next save removes it, as it removes a
-    killed save's temp dir, but never a running process's."""
+    """A save with overwrite moves the previous OUT_DIR aside as .NAME.old-PID-XXXX before its rename, and removes
+    it after; killed outright after the rename, it leaves that dir (a whole conversion's size) beside the new
+    OUT_DIR. The next save removes it, but never a running process's."""
     src = ckpts["causal"][0]
     model = load_target(src, dtype="float32")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
-    stale = tmp_path / f".out.old-{dead}-0123456789ab"
+    out = save_converted(model, tmp_path / "out", src)
+    stale = tmp_path / f".out.old-{_dead_pid()}-0123456789ab"
     live = tmp_path / f".out.old-{os.getpid()}-0123456789ab"
     for d in (stale, live):
         d.mkdir()
         (d / "jaxspec.json").write_text('{"format": "jaxspec-target"}')
-    save_converted(model, tmp_path / "out", src)
+    save_converted(model, out, src, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "out"]
+
+
+def test_a_conversion_that_a_killed_overwrite_moved_aside_is_put_back(ckpts, tmp_path, capsys):
+    """Killed between replace_dir's two renames, a save with overwrite leaves no OUT_DIR, its previous content
+    hidden as .NAME.old-PID-XXXX. The next save puts it back first, so that one without overwrite refuses it as any
+    existing conversion (and it restores bit for bit), and one with overwrite replaces it."""
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    aside = tmp_path / f".out.old-{_dead_pid()}-0123456789ab"
+    os.rename(save_converted(model, tmp_path / "out", src), aside)
+    with pytest.raises(FileExistsError, match="already exists"):
+        save_converted(model, tmp_path / "out", src)
+    assert f"convert: putting {aside} back as {tmp_path / 'out'}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert_bit_identical(restore_converted(tmp_path / "out"), model)
+    save_converted(model, tmp_path / "out", src, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_out_dir_that_links_to_a_dir_writes_that_dir(ckpts, tmp_path):
+    """OUT_DIR a link to a dir (on another disk, say): the save replaces the linked dir, the link stays and reads
+    the new conversion; the link itself is not replaced by a dir."""
+    src = ckpts["causal"][0]
+    model = load_target(src, dtype="float32")
+    (tmp_path / "disk").mkdir()
+    real = save_converted(model, tmp_path / "disk" / "conv", src)
+    link = tmp_path / "out"
+    link.symlink_to(real)
+    assert save_converted(model, link, src, overwrite=True) == real
+    assert link.is_symlink() and link.resolve() == real
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == ["conv"]
+    assert_bit_identical(restore_converted(link), model)
 
 
 @pytest.fixture
@@ -933,7 +970,8 @@ def test_save_removes_temp_dirs_a_killed_save_left(ckpts, tmp_path, capsys):
     assert signal.getsignal(signal.SIGTERM) == handler  # the save's SIGTERM handler is gone again
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(k.name for k in keep)])
     err = capsys.readouterr().err
-    assert all(f"removing {stale}, left behind by an interrupted conversion" in err for stale in stales), err
+    assert all(f"removing {stale}, left behind by an interrupted write of {tmp_path / 'out'}" in err
+               for stale in stales), err
 
 
 # A save killed by SIGTERM; `save` is given a model and kind that need no checkpoint, and the params writer

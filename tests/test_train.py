@@ -2001,8 +2001,9 @@ def test_a_failed_export_or_pack_leaves_the_previous_one_whole(tmp_path, monkeyp
         with pytest.raises(KeyboardInterrupt):
             train.pack(pair, out, 4096)
     assert not (out / train.PACK_SUMS).exists()                  # ... has no list of digests
-    (pair / ".drafter.new-0123abcd").mkdir()                     # what a killed export leaves is not packed
-    (pair / ".drafter.new-0123abcd" / "config.json").write_text("{}")
+    for left in (".drafter.tmp-99-0123456789ab", ".target.old-99-0123456789ab"):   # what a killed export leaves
+        (pair / left).mkdir()                                                       # is not packed
+        (pair / left / "config.json").write_text("{}")
     parts = train.pack(pair, out, 4096)
     assert len(parts) > len(was) and sorted(out.iterdir()) == sorted(parts + [out / train.PACK_SUMS])
     sums = subprocess.run(["sha256sum", "-c", train.PACK_SUMS], cwd=out, capture_output=True, text=True)
