@@ -156,14 +156,15 @@ def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes
     written."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=sizes, help="nodes per block (comma-separated)")
-    p.add_argument("--layers", type=int, default=layers)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--json")
+    p.add_argument("--layers", type=at_least(1), default=layers, help="layers applied in sequence per timed call")
+    p.add_argument("--iters", type=at_least(1), default=20, help="timed calls per (size, implementation)")
+    p.add_argument("--json", help="also write the rows to this JSON file")
     a = dispatch.parse_args(p, argv)
+    sizes = parse_contexts(p, "--sizes", a.sizes, "block sizes")
     writable_file(p, "--json", a.json)         # before the timing, not after it
     f32 = jnp.float32
     rows = []
-    for n in (int(x) for x in a.sizes.split(",") if x):
+    for n in sizes:
         stack = stack_for(n, a.layers)
         ref = None
         for name, fn in impls.items():
@@ -758,7 +759,7 @@ def run_prefill(graphdef, cfg, params, pbytes, args, dump: Path | None = None) -
     tokens = random_tokens(cfg, b, p, 7)
     compiled, ct = compile_fn(make_prefill(graphdef, cfg), params, fresh(), tokens, donate=(1,))
     log(f"prefill P={p}: compiled (trace {ct['trace_s']:.1f}s, compile {ct['compile_s']:.1f}s)")
-    ms = []
+    ms, ok = [], True
     for i in range(args.prefill_warmup + args.prefill_iters):
         s = jax.block_until_ready(fresh())
         t = time.perf_counter()
@@ -766,7 +767,7 @@ def run_prefill(graphdef, cfg, params, pbytes, args, dump: Path | None = None) -
         nxt.block_until_ready()
         if i >= args.prefill_warmup:
             ms.append((time.perf_counter() - t) * 1e3)
-        ok = int(s.length[0]) == p
+        ok = ok and bool((s.length == p).all())       # every prefill's, every row's
         del s
     r = prefill_rates(dict(prompt=p, batch=b, max_len=max_len, **ct, time=summarize(ms), state_length_ok=ok),
                       cfg, pbytes)

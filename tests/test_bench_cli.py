@@ -84,3 +84,23 @@ def test_every_benchmark_refuses_a_bad_flag_value_before_any_work(module, argv, 
     assert e.value.code == 2 and err.strip().splitlines()[-1].endswith(
         "error: JAXSPEC_VERIFY='bogus': expected one of reference, xla, pallas_triton, pallas_interpret"), err
     assert not any(tmp_path.iterdir())                  # nothing written
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "abc"], "--sizes: expected integers separated by commas, got 'abc'"),
+    (["--sizes", "0"], "--sizes: expected positive block sizes, got '0'"),
+    (["--sizes", "16,16"], "--sizes: 16 given more than once in '16,16'; give each once"),
+    (["--layers", "0"], "argument --layers: must be >= 1, got 0"),
+    (["--iters", "0"], "argument --iters: must be >= 1, got 0"),
+])
+def test_a_layer_bench_refuses_bad_sizes_layers_and_iters_naming_the_flag(argv, message, capsys):
+    """bench.harness.layer_bench (the GDN tree inputs' bench): a bad --sizes / --layers / --iters is the parser's
+    error naming the flag, before any input is built (not a traceback from int(), max() of nothing or the
+    percentile of no timings, nor a 0-node row)."""
+    from bench import harness
+    built = []
+    with pytest.raises(SystemExit) as e:
+        harness.layer_bench(argv, "doc", {}, lambda n, layers: built.append(n), None, 2)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1].endswith(message), err
+    assert built == []
