@@ -59,6 +59,12 @@ def default_block(backend: str, trained: int) -> int:
     return min(CPU_BLOCK, trained) if backend == "cpu" else trained
 
 
+def readable(ids: list[int], stops) -> list[int]:
+    """The generated ids whose text is printed: without the stop token that ends them (a chat reply's <|im_end|>),
+    which the counts include."""
+    return ids[:-1] if ids and ids[-1] in stops else ids
+
+
 def demo_dir() -> Path:
     """Where the demo pair lives: $JAXSPEC_DEMO_DIR, else jaxspec/demo (target/ and drafter/)."""
     return Path(os.environ.get(DEMO_ENV) or Path(__file__).resolve().parent / "demo")
@@ -224,8 +230,12 @@ def _main(argv) -> int:
     args.repeats = args.repeats or REPEATS
     if args.method in ("dflash", "ddtree") and not args.draft:
         parser().error(f"--method {args.method} needs --draft DIR (a DFlash drafter checkpoint)")
-    if args.method not in ("dflash", "ddtree") and (args.draft or args.block_size or args.draft_dtype):
+    if args.method not in ("dflash", "ddtree") and \
+            any(x is not None for x in (args.draft, args.block_size, args.draft_dtype)):
         parser().error("--draft/--block-size/--draft-dtype only apply to --method dflash or ddtree")
+    if args.block_size is not None and args.block_size < 2:
+        parser().error(f"--block-size must be >= 2 (the anchor and at least one drafted token), got "
+                       f"{args.block_size}")
     for flag, attr, method in (("--budget", "budget", "ddtree"), ("--mtp-tokens", "mtp_tokens", "mtp")):
         # A count that belongs to one method: refused elsewhere, at least 1 (defaulted below).
         if getattr(args, attr) is not None and args.method != method:
@@ -323,17 +333,22 @@ def _main(argv) -> int:
         from convert.hf import CheckpointError
         from jaxspec.config import ConfigError
         from jaxspec.dflash import DFlash, default_draft_dtype
+        from jaxspec.drafter_config import check_pair
         try:
             if args.draft_dtype is None:
                 args.draft_dtype = default_draft_dtype(jax.default_backend(), model.cfg.dtype)
             drafter = load_draft(args.draft, dtype=args.draft_dtype)
+            check_pair(drafter.cfg, model.cfg)          # a drafter for another target: --draft's error
             if mesh is not None:
                 drafter = sharding.shard_drafter(drafter, mesh)
-            if args.block_size is None:
-                args.block_size = default_block(jax.default_backend(), drafter.cfg.block_size)
-            speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)
         except (ConfigError, CheckpointError) as e:
             parser().error(f"--draft {args.draft}: {e}")
+        if args.block_size is None:
+            args.block_size = default_block(jax.default_backend(), drafter.cfg.block_size)
+        try:
+            speculator = DFlash(drafter, model.cfg, args.block_size, budget=args.budget)
+        except ConfigError as e:        # --block-size past the drafter's trained block: the message names the flag
+            parser().error(str(e))
     if args.method == "mtp":
         from jaxspec.mtp import MTP, MTPHead
         if args.model is None:  # the random model gets a random head, so that the path runs out of the box
@@ -381,7 +396,7 @@ def _main(argv) -> int:
             sys.stdout.write(args.prompt if not args.chat else "")
             printed = ""
         emitted.extend(chunks[0])
-        text = tok.decode(emitted[line:])
+        text = tok.decode(readable(emitted[line:], stops))
         # Print only whole characters: a multi-byte character may span tokens.
         if not text.endswith("\ufffd"):
             sys.stdout.write(text[len(printed):])
@@ -393,7 +408,7 @@ def _main(argv) -> int:
                               rounds_per_call=args.rounds_per_call or ROUNDS_PER_CALL, on_tokens=show)
     except (ValueError, jax.errors.JaxRuntimeError) as e:
         return _decode_error(e, args.method, midline=printed is not None)
-    sys.stdout.write(tok.decode(emitted[line:])[len(printed):] + "\n")
+    sys.stdout.write(tok.decode(readable(emitted[line:], stops))[len(printed):] + "\n")
     n, rate, rounds = _counts(res)
     each = f" per sequence (batch of {args.dp})" if args.dp > 1 else ""
     if not rounds:      # --max-new-tokens 1, or a stop token first
@@ -490,7 +505,7 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     runs = {name: (median(timed[name]), compile_s) for name, (_, compile_s) in engines.items()}
     of = f" (median of {args.repeats} runs)" if args.repeats > 1 else ""
     res, _ = runs[args.method]
-    sys.stdout.write(args.prompt + tok.decode(res.tokens[0]) + "\n")
+    sys.stdout.write(args.prompt + tok.decode(readable(res.tokens[0], stops)) + "\n")
     for name, (r, compile_s) in runs.items():
         n, rate, rounds = _counts(r)
         label = _label(args, name, model.cfg.dtype)
