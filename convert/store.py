@@ -285,7 +285,10 @@ def check_out_dir(kind: Kind, out_dir: str | Path, protected: dict[str, str | Pa
     parent = blocking_file(out_dir, parents_only=True)
     if parent is not None:
         raise CheckpointError(f"{out_dir}: cannot be created: {parent} is not a directory")
-    clear_leftovers(out_dir, "convert")
+    try:
+        clear_leftovers(out_dir, "convert")
+    except OSError as e:        # a leftover that cannot be put back (a read-only folder): OUT_DIR's error
+        raise _out_dir_error(out_dir, e) from e
     if out_dir.exists() or out_dir.is_symlink():
         _check_replaceable(kind, out_dir, overwrite)
     _probe_writable(out_dir)

@@ -38,7 +38,7 @@ def staged_dir(out: str | Path, keep: Callable[[Path], bool] | None = None):
     `out` is moved aside, the sibling renamed into place, and only then the old one removed. On an error (a full
     disk, an interrupt) the sibling is removed and `out` is as it was. What a killed export of `out` left beside it
     is cleared first (jaxspec/files.py `clear_leftovers`); an `out` that links to a dir writes that dir."""
-    out = real_dir(out)
+    out = real_dir(out).absolute()      # `.` has no name to put the sibling's beside
     _check_not_a_file(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     clear_leftovers(out, "export")

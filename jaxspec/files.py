@@ -25,8 +25,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
 
 # What a write of the directory NAME leaves beside it while it runs: `.NAME.tmp-PID-XXXXXXXXXXXX`, the new dir being
 # written, and `.NAME.old-PID-XXXXXXXXXXXX`, the previous NAME that `replace_dir` moved aside (the writing process's
-# id, then a uuid's 12 hex digits; conversions before session 64 wrote no process id).
-_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{12}")
+# id, then a uuid's 12 hex digits; conversions before session 64 wrote no process id, exports before session 70
+# named theirs `.NAME.new-XXXXXXXX`). A write into such a dir (jaxspec.train's exports into its staged dir) leaves
+# nested names, `..NAME.tmp-A-X.tmp-B-Y`: they belong to NAME too.
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:(?P<kind>tmp|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{12}|new-[0-9a-f]{8})")
 
 
 def temp_sibling(out: Path) -> Path:
@@ -39,6 +41,19 @@ def is_leftover(name: str) -> bool:
     return _LEFTOVER.fullmatch(name) is not None
 
 
+def _owner(name: str) -> tuple[str, list[int]] | None:
+    """(the dir whose write left the leftover `name`, nested writes undone; the process ids in the name), or None
+    where `name` is no leftover."""
+    pids, m = [], _LEFTOVER.fullmatch(name)
+    if m is None:
+        return None
+    while m is not None:
+        name = m["name"]
+        pids += [int(m["pid"])] if m["pid"] else []
+        m = _LEFTOVER.fullmatch(name)
+    return name, pids
+
+
 def real_dir(out: str | Path) -> Path:
     """`out`, or the directory it links to: a write replaces that directory, not the link (which would leave the
     linked one as it was and put the new content on the link's file system)."""
@@ -47,13 +62,14 @@ def real_dir(out: str | Path) -> Path:
 
 
 def stale_leftovers(out: Path) -> list[Path]:
-    """The dirs beside `out` that writes of it left behind and whose process is gone (SIGKILL, a power cut: no
-    chance to clean up); a running write's (another process writing the same dir) are left alone."""
+    """The dirs beside `out` that writes of it left behind and whose processes are all gone (SIGKILL, a power cut:
+    no chance to clean up); a running write's (another process writing the same dir) are left alone. Process ids
+    are this host's: a writer on another host (a shared file system) or in another PID namespace looks gone."""
     stale = []
     for p in out.parent.iterdir() if out.parent.is_dir() else ():
-        m = _LEFTOVER.fullmatch(p.name)
-        if m and m["name"] == out.name and p.is_dir() and not p.is_symlink() and \
-                not (m["pid"] and _running(int(m["pid"]))):
+        owner = _owner(p.name)
+        if owner and owner[0] == out.name and p.is_dir() and not p.is_symlink() and \
+                not any(_running(pid) for pid in owner[1]):
             stale.append(p)
     return sorted(stale)
 
@@ -61,18 +77,26 @@ def stale_leftovers(out: Path) -> list[Path]:
 def clear_leftovers(out: Path, who: str) -> None:
     """Before a write of `out`: where `out` is missing because a write was killed between `replace_dir`'s two
     renames, its previous content (moved aside) is put back under its name; every other stale leftover
-    (`stale_leftovers`) is removed. Each is reported on stderr, prefixed by `who`."""
+    (`stale_leftovers`) is removed. Each is reported on stderr, prefixed by `who`. Another write clearing the same
+    leftovers at the same time is no error."""
     stale = stale_leftovers(out)
-    aside = [p for p in stale if _LEFTOVER.fullmatch(p.name)["kind"] == "old"]
+    aside = [p for p in stale if (m := _LEFTOVER.fullmatch(p.name))["name"] == out.name and m["kind"] == "old"]
     if aside and not (out.exists() or out.is_symlink()):
-        back = max(aside, key=lambda p: p.stat().st_ctime)       # the last one moved aside (a rename sets ctime)
-        print(f"{who}: putting {back} back as {out}: an interrupted write had moved it aside", file=sys.stderr,
-              flush=True)
-        os.rename(back, out)
-        stale.remove(back)
+        try:
+            back = max(aside, key=lambda p: p.stat().st_ctime)       # the last one moved aside (a rename sets ctime)
+            os.rename(back, out)
+            print(f"{who}: put {back} back as {out}: an interrupted write had moved it aside", file=sys.stderr,
+                  flush=True)
+            stale.remove(back)
+        except FileNotFoundError:       # another write got there first
+            pass
     for p in stale:
-        print(f"{who}: removing {p}, left behind by an interrupted write of {out}", file=sys.stderr, flush=True)
         shutil.rmtree(p, ignore_errors=True)
+        if p.exists():
+            print(f"{who}: could not remove {p}, left behind by an interrupted write of {out}", file=sys.stderr,
+                  flush=True)
+        else:
+            print(f"{who}: removed {p}, left behind by an interrupted write of {out}", file=sys.stderr, flush=True)
 
 
 def _running(pid: int) -> bool:

@@ -35,10 +35,10 @@ def test_time_calls_times_only_the_calls_after_the_warmup_in_ms():
 
     def fn():
         calls.append(None)
-        time.sleep(0.08 if len(calls) <= 2 else 0.01)
+        time.sleep(0.4 if len(calls) <= 2 else 0.01)
     r = harness.time_calls(fn, 2, 3)
     assert len(calls) == 5 and r["n"] == 3
-    assert r["min_ms"] >= 10 and r["p90_ms"] < 60, r            # 10 ms sleeps, in ms; the 80 ms warm-up left out
+    assert r["min_ms"] >= 10 and r["p90_ms"] < 300, r           # 10 ms sleeps, in ms; the 400 ms warm-up left out
 
 
 def test_engine_rounds_is_ms_per_round_not_per_call(monkeypatch):
@@ -56,8 +56,8 @@ def test_engine_rounds_is_ms_per_round_not_per_call(monkeypatch):
 
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory):
-    """bench.harness on the tiny config at batch 2, its decode step paced by a sleep: 20 ms a call for the warm-up
-    and the 2 timed steps, 10 ms a call for the 8 pipelined ones (so the pipelined figure is the best)."""
+    """bench.harness on the tiny config at batch 2, its decode step paced by a sleep: 100 ms for the warm-up, 20 ms
+    a call for the 2 timed steps, 10 ms a call for the 8 pipelined ones (so the pipelined figure is the best)."""
     mp = pytest.MonkeyPatch()
     real, calls = harness.compile_fn, []
 
@@ -68,7 +68,7 @@ def paced(tmp_path_factory):
 
         def paced_step(*a):
             calls.append(None)
-            time.sleep(0.02 if len(calls) <= 3 else 0.01)
+            time.sleep(0.1 if len(calls) == 1 else 0.02 if len(calls) <= 3 else 0.01)
             return compiled(*a)
         return paced_step, ct
     mp.setattr(harness, "compile_fn", compile_fn)
@@ -86,7 +86,7 @@ def paced(tmp_path_factory):
 
 def test_decode_times_are_per_step_in_ms_from_the_timed_steps(paced):
     d = paced["decode"][0]
-    assert d["step"]["n"] == 2 and d["step"]["median_ms"] >= 20, d["step"]          # the warm-up not timed
+    assert d["step"]["n"] == 2 and 20 <= d["step"]["median_ms"] < 45, d["step"]     # the warm-up (100) not timed
     assert 10 <= d["pipelined_ms"] < 30, d["pipelined_ms"]                          # 8 calls / 8, not / --iters
     loop = d["device_loop"]
     assert loop["steps_per_call"] == 2 and loop["step_ms"] == pytest.approx(loop["call"]["median_ms"] / 2)

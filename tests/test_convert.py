@@ -815,7 +815,7 @@ def test_a_conversion_that_a_killed_overwrite_moved_aside_is_put_back(ckpts, tmp
     os.rename(save_converted(model, tmp_path / "out", src), aside)
     with pytest.raises(FileExistsError, match="already exists"):
         save_converted(model, tmp_path / "out", src)
-    assert f"convert: putting {aside} back as {tmp_path / 'out'}" in capsys.readouterr().err
+    assert f"convert: put {aside} back as {tmp_path / 'out'}" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert_bit_identical(restore_converted(tmp_path / "out"), model)
     save_converted(model, tmp_path / "out", src, overwrite=True)
@@ -970,7 +970,7 @@ def test_save_removes_temp_dirs_a_killed_save_left(ckpts, tmp_path, capsys):
     assert signal.getsignal(signal.SIGTERM) == handler  # the save's SIGTERM handler is gone again
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(k.name for k in keep)])
     err = capsys.readouterr().err
-    assert all(f"removing {stale}, left behind by an interrupted write of {tmp_path / 'out'}" in err
+    assert all(f"removed {stale}, left behind by an interrupted write of {tmp_path / 'out'}" in err
                for stale in stales), err
 
 

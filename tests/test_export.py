@@ -248,10 +248,41 @@ def test_what_a_killed_export_left_is_cleared_by_the_next(tmp_path, capsys, monk
         m.setattr(export, "save_file", full_disk)                                # previous one is back, whole
         export.export_drafter(new, tmp_path / "d", num_target_layers=4)
     err = capsys.readouterr().err
-    assert f"export: putting {aside} back as {tmp_path / 'd'}" in err
-    assert f"export: removing {temp}, left behind by an interrupted write of {tmp_path / 'd'}" in err
+    assert f"export: put {aside} back as {tmp_path / 'd'}" in err
+    assert f"export: removed {temp}, left behind by an interrupted write of {tmp_path / 'd'}" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["d", live.name])
     assert_same_bits(old, load_drafter(tmp_path / "d"))
     export.export_drafter(new, tmp_path / "d", num_target_layers=4)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["d", live.name])
     assert_same_bits(new, load_drafter(tmp_path / "d"))
+
+
+def test_leftovers_of_nested_and_older_writes_belong_to_their_dir(tmp_path):
+    """jaxspec.train exports into its own staged dir, so a kill there leaves `..NAME.tmp-A-X.tmp-B-Y` (and `.old-`
+    beside it): the next write of NAME removes those, as it does exports' names before session 70
+    (`.NAME.new-XXXXXXXX`); a running process's nested dir, another dir's and a live moved-aside NAME (OUT missing
+    while its writer runs) are left alone, and pack never ships any of them."""
+    from jaxspec import train
+    dead, live = _dead_pid(), os.getpid()
+    out = tmp_path / "target"
+    gone = [f"..target.tmp-{dead}-0123456789ab.tmp-{dead}-0123456789ab",
+            f"..target.tmp-{dead}-0123456789ab.old-{dead}-0123456789ab", ".target.new-0123abcd"]
+    kept = [f"..target.tmp-{live}-0123456789ab.tmp-{dead}-0123456789ab", f".target.old-{live}-0123456789ab",
+            f"..other.tmp-{dead}-0123456789ab.tmp-{dead}-0123456789ab"]
+    for name in gone + kept:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    assert all(files.is_leftover(n) for n in gone + kept)
+    files.clear_leftovers(out, "export")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+    pair = tmp_path / "pair"
+    (pair / "target").mkdir(parents=True)
+    (pair / "target" / "config.json").write_text("{}")
+    for name in gone:
+        (pair / name).mkdir()
+    (tmp_path / "parts").mkdir()
+    parts = train.pack(pair, tmp_path / "parts", 1 << 20)
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tf:
+        assert tf.getnames() == ["demo", "demo/target", "demo/target/config.json"]
