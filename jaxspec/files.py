@@ -31,9 +31,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:(?P<kind>tmp|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{12}|new-[0-9a-f]{8})")
 
 
-def temp_sibling(out: Path) -> Path:
-    """A new name beside `out` to write its next content under (`.NAME.tmp-PID-XXXXXXXXXXXX`)."""
-    return out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+def temp_sibling(out: Path, kind: str = "tmp") -> Path:
+    """A new name beside `out`: to write its next content under (`.NAME.tmp-PID-XXXXXXXXXXXX`), or with kind "old"
+    to move its previous content aside to (`replace_dir`)."""
+    return out.parent / f".{out.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def is_leftover(name: str) -> bool:
@@ -116,9 +117,7 @@ def replace_dir(new: Path, out: Path) -> None:
     if not (out.exists() or out.is_symlink()):
         os.rename(new, out)
         return
-    # Named like `temp_sibling`'s dirs, so that one a killed process left behind can be told from a running
-    # one's (`clear_leftovers`).
-    old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    old = temp_sibling(out, "old")      # its process id tells a killed write's from a running one's
     os.rename(out, old)
     try:
         os.rename(new, out)
