@@ -30,6 +30,18 @@ def write_png(path: str | Path, rgb: np.ndarray) -> None:
     write_atomic(path, png)
 
 
+def label(v: float, width: int = 7) -> str:
+    """`v` in at most `width` characters of the glyphs above (no "+"), with as many significant digits as fit (3 at
+    most): 1.234e-05 -> "1.23e-5", 1.5e+10 -> "1.5e10"."""
+    for digits in (3, 2, 1):
+        for form in (f"{v:.{digits}g}", f"{v:.{digits - 1}e}"):
+            mant, _, exp = form.partition("e")
+            s = mant + (f"e{int(exp)}" if exp else "")
+            if len(s) <= width:
+                return s
+    return s
+
+
 def _text(img, x, y, s, color, scale=2):
     for ch in s:
         g = _GLYPHS.get(ch, _GLYPHS[" "])
@@ -77,8 +89,8 @@ def loss_curve_png(path: str | Path, losses, *, width: int = 640, height: int = 
         if k > 1 and len(y) > k:
             sm = np.convolve(np.nan_to_num(y, nan=float(np.nanmean(y))), np.ones(k) / k, mode="valid")
             draw(np.concatenate([np.full(k - 1, np.nan), sm]), (20, 40, 160))
-        _text(img, 2, top, f"{hi:.3g}"[:7], (0, 0, 0))
-        _text(img, 2, top + ph - 10, f"{lo:.3g}"[:7], (0, 0, 0))
+        _text(img, 2, top, label(hi), (0, 0, 0))
+        _text(img, 2, top + ph - 10, label(lo), (0, 0, 0))
         _text(img, left + pw - 60, top + ph + 8, str(len(y)), (0, 0, 0))
         _text(img, left, top + ph + 8, "0", (0, 0, 0))
     write_png(path, img)

@@ -1506,8 +1506,9 @@ def run_pair(args) -> int:
     except ValueError as e:
         raise ConfigError(f"--target-share {args.target_share:g}: {e}") from None
     refuse_below(0, ("--target-max-epochs", args.target_max_epochs, "no cap"),
-                 ("--ckpt-every", args.ckpt_every, "a checkpoint only at each phase's end"), ("--seed", args.seed),
+                 ("--ckpt-every", args.ckpt_every, "a checkpoint only at each phase's end"),
                  ("--package-text", args.package_text))
+    check_seed(args.seed)
     refuse_below(1, ("--part-mb", args.part_mb), ("--gen-sequences", args.gen_sequences),
                  ("--gen-batch", args.gen_batch), ("--drafter-layers", args.drafter_layers),
                  ("--target-width", args.target_width), ("--target-layers", args.target_layers))
@@ -1799,7 +1800,17 @@ def refuse_below(low: int, *checks) -> None:
     (flag, value, what 0 means); a value of None (not given) passes."""
     for flag, v, *zero in checks:
         if v is not None and not (math.isfinite(v) and v >= low):
-            raise ConfigError(f"{flag} {v:g}: must be >= {low}" + (f" (0: {zero[0]})" if zero else ""))
+            raise ConfigError(f"{flag} {v:g}: must be " + ("" if math.isfinite(v) else "a finite number ")
+                              + f">= {low}" + (f" (0: {zero[0]})" if zero else ""))
+
+
+MAX_SEED = 2**32 - 1     # the commands derive seeds up to --seed + 6; numpy and JAX take any of them
+
+
+def check_seed(seed: int) -> None:
+    """A ConfigError for a --seed outside 0..MAX_SEED (past 2**63, JAX's key would overflow mid-run)."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed {seed}: must be >= 0 and <= {MAX_SEED}")
 
 
 def check_drafter_flags(args) -> None:
@@ -1811,10 +1822,11 @@ def check_drafter_flags(args) -> None:
                  ("--n-taps", args.n_taps), ("--ffn", args.ffn))
     refuse_below(0, ("--windows", args.windows, "all of the text"),
                  ("--ckpt-every", args.ckpt_every, "a checkpoint only at the end"),
-                 ("--time-budget-s", args.time_budget_s, "no budget"), ("--seed", args.seed),
+                 ("--time-budget-s", args.time_budget_s, "no budget"),
                  ("--max-epochs", args.max_epochs), ("--grow-layers", args.grow_layers),
                  ("--package-text", args.package_text), ("--shard-mb", args.shard_mb),
                  ("--val-sequences", args.val_sequences))
+    check_seed(args.seed)
     if args.block < 2:
         raise ConfigError(f"--block {args.block}: must be >= 2 (the anchor and at least one token to draft)")
     if not (math.isfinite(args.lr) and args.lr > 0):
@@ -1896,7 +1908,7 @@ def run_drafter(args) -> int:
         raise ConfigError(f"--package-text {args.package_text}: {e}") from None
     files = text_files(text)
     t_start = time.time()
-    target = load_model(args.target, dtype="float32")
+    target = load_model(model_dir(args.target, "--target"), dtype="float32")
     docs = text_docs(target_tokenizer(args.target), files)
     if not docs:
         raise ConfigError(f"--text: the files hold no text ({len(files)} files, each empty or unreadable)")
@@ -2132,7 +2144,7 @@ def run_eval(args) -> int:
     from jaxspec.sampling import Sampling
     refuse_below(1, ("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
                  ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows))
-    refuse_below(0, ("--seed", args.seed))
+    check_seed(args.seed)
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -2153,7 +2165,7 @@ def run_eval(args) -> int:
             f"{args.unseen_by} trained on them or drafted from them")
         if not files:
             raise ConfigError(f"--unseen-by {args.unseen_by}: every --text file was seen by that pair")
-    target = load_model(args.target, dtype=args.dtype)
+    target = load_model(model_dir(args.target, "--target"), dtype=args.dtype)
     if args.draft_dtype is None:
         from jaxspec.dflash import default_draft_dtype
         args.draft_dtype = default_draft_dtype(jax.default_backend(), args.dtype)
@@ -2212,7 +2224,7 @@ def parser() -> argparse.ArgumentParser:
                    help="wall-clock budget of all the phases, > 0 (default: %(default)s)")
     a.add_argument("--tiny", action="store_true", help="toy sizes: runs end to end on a CPU in about a minute")
     a.add_argument("--seed", type=int, default=0,
-                   help="seed of the data, weights and prompts, >= 0 (default: %(default)s)")
+                   help="seed of the data, weights and prompts, 0..2**32-1 (default: %(default)s)")
     a.add_argument("--ckpt-every", type=int, default=500,
                    help="checkpoint every N steps of each training phase, 0: only at its end; a rerun with the same "
                         "flags resumes (default: %(default)s)")
@@ -2346,7 +2358,7 @@ def parser() -> argparse.ArgumentParser:
                         "(e.g. 15 for a repository that takes files of <= 16 MB; default: 0, one model.safetensors "
                         "as z-lab's drafters are)")
     d.add_argument("--seed", type=int, default=0,
-                   help="seed of the weights, windows, prompts and batches, >= 0 (default: %(default)s)")
+                   help="seed of the weights, windows, prompts and batches, 0..2**32-1 (default: %(default)s)")
     d.set_defaults(func=run_drafter)
     e = sub.add_parser("eval", help="tau, identity to AR and speed of a target + drafter on prompts cut from text")
     e.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
@@ -2357,7 +2369,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: %(default)s)")
     e.add_argument("--max-new", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
     e.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64], help="DDTree budgets (default: %(default)s)")
-    e.add_argument("--seed", type=int, default=4, help="which prompts (default: %(default)s)")
+    e.add_argument("--seed", type=int, default=4, help="which prompts, 0..2**32-1 (default: %(default)s)")
     e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the target's dtype (default: %(default)s)")
     e.add_argument("--draft-dtype", default=None, choices=("float32", "bfloat16"),
