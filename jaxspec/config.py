@@ -173,11 +173,12 @@ _TARGET_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
 def rope_section(source, hf: dict) -> dict:
-    """The RoPE settings of an HF config: `rope_parameters` (transformers 5) and the legacy `rope_scaling`, merged
-    with `rope_scaling`'s entries winning, as in transformers' `convert_rope_params_to_dict` (rope_parameters =
-    rope_scaling or rope_parameters). Only the plain rotation is supported: a YaRN / linear / dynamic type in either
-    is refused, never silently run as plain RoPE (a `rope_scaling` block added beside `rope_parameters`)."""
-    merged = {}
+    """The RoPE settings of an HF config: the legacy `rope_scaling` where it is set, else `rope_parameters`
+    (transformers 5), one replacing the other, not merged, as in transformers' `convert_rope_params_to_dict`
+    (rope_parameters = rope_scaling or rope_parameters): what the chosen block lacks comes from the top level.
+    Only the plain rotation is supported: a YaRN / linear / dynamic type in either block is refused, never
+    silently run as plain RoPE (a `rope_scaling` block added beside `rope_parameters`)."""
+    parts = {}
     for key in ("rope_parameters", "rope_scaling"):
         part = hf.get(key)
         if not part:
@@ -187,8 +188,8 @@ def rope_section(source, hf: dict) -> dict:
         rope_type = part.get("rope_type", part.get("type", "default"))
         if rope_type not in ("default", None):
             raise ConfigError(f"{source}: {key}.rope_type {rope_type!r} is not supported (only 'default')")
-        merged.update(part)
-    return merged
+        parts[key] = part
+    return parts.get("rope_scaling", parts.get("rope_parameters", {}))
 
 
 def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, source: str = "config.json") -> TargetConfig:
@@ -259,11 +260,14 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
         raise ConfigError(f"{source}: attention_bias=true is not supported")
     if hf.get("mlp_only_layers"):
         raise ConfigError(f"{source}: mlp_only_layers (MoE) is not supported")
-    eos = eos_ids(source, hf.get("eos_token_id", top.get("eos_token_id")))
+    # A text_config's null eos_token_id (transformers' to_dict writes unset keys as null) defers to the top level's.
+    eos = hf.get("eos_token_id")
+    eos = eos_ids(source, top.get("eos_token_id") if eos is None else eos)
     # The multimodal layout's flag is its top-level one (Qwen3_5ForConditionalGeneration reads no other, false when
     # absent); the flat layout's is its own.
     tie = top.get("tie_word_embeddings")
     tie = False if tie is None else as_bool(source, "tie_word_embeddings", tie)
+    eps, max_pos = opt("rms_norm_eps", 1e-6, as_float), opt("max_position_embeddings", 0)
     try:
         return TargetConfig(
             **ints,
@@ -271,10 +275,10 @@ def target_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None, sourc
             head_dim=head_dim,
             rotary_dim=int(head_dim * factor),
             rope_theta=theta,
-            rms_norm_eps=opt("rms_norm_eps", 1e-6, as_float),
+            rms_norm_eps=eps,
             tie_word_embeddings=tie,
             eos_token_ids=eos,
-            max_position_embeddings=opt("max_position_embeddings", 0),
+            max_position_embeddings=max_pos,
             # transformers 5 writes the multimodal layout's dtype at the top level only.
             dtype=dtype or str(hf.get("dtype") or hf.get("torch_dtype") or top.get("dtype") or top.get("torch_dtype")
                                or "bfloat16"),
