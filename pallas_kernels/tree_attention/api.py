@@ -51,7 +51,7 @@ def tree_attention(q, keys, values, start, anc, *, implementation: str | None = 
 
 def check_shapes(q, keys, values, start, anc):
     """ValueError naming the argument unless q [B, N, H, hd]; keys, values [B, L, KV, hd] with KV dividing H;
-    start [B] integer; anc [B, N, N] (static shapes: a Python check, also under jit)."""
+    start [B] integer; anc [B, N, N] bool or integer (static shapes: a Python check, also under jit)."""
     if q.ndim != 4:
         raise ValueError(f"tree_attention: q {q.shape} must be [B, N, H, hd]")
     b, n, h, hd = q.shape
@@ -68,3 +68,6 @@ def check_shapes(q, keys, values, start, anc):
         raise ValueError(f"tree_attention: start {start.shape} {start.dtype} must be [B] = ({b},) integer")
     if anc.shape != (b, n, n):
         raise ValueError(f"tree_attention: anc {anc.shape} must be [B, N, N] = {(b, n, n)} for q {q.shape}")
+    if not (anc.dtype == jnp.bool_ or jnp.issubdtype(anc.dtype, jnp.integer)):
+        raise ValueError(f"tree_attention: anc {anc.shape} {anc.dtype} must be bool (or integer 0 / 1): the kernel "
+                         f"thresholds it, the reference masks with it")
