@@ -125,6 +125,7 @@ def on_gpu() -> bool:
 
 def flags() -> dict:
     """The JAXSPEC_* variables set in this process that choose an implementation (the kernels', the loop graphs',
-    the tree build's), so that a result can say which ran; unknown names are refused (`check_flags`)."""
+    the tree build's), so that a result can say which ran; unknown names are refused (`check_flags`). An empty one
+    chooses nothing (it reads as unset) and is left out."""
     check_flags()
-    return {k: v for k, v in sorted(os.environ.items()) if k in CHOICE_FLAGS}
+    return {k: v for k, v in sorted(os.environ.items()) if k in CHOICE_FLAGS and v}

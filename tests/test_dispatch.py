@@ -48,6 +48,8 @@ def test_flags_records_the_choices_only(monkeypatch):
     for k in dispatch.OTHER_FLAGS:
         monkeypatch.setenv(k, "0")
     assert dispatch.flags() == {"JAXSPEC_LOOP_GRAPHS": "ar", "JAXSPEC_VERIFY": "xla"}
+    monkeypatch.setenv("JAXSPEC_TREE_ATTENTION", "")       # empty: chooses nothing, so not recorded
+    assert dispatch.flags() == {"JAXSPEC_LOOP_GRAPHS": "ar", "JAXSPEC_VERIFY": "xla"}
     monkeypatch.setenv("JAXSPEC_STATE_UPDATE", "1")         # removed in 43d2d6b
     with pytest.raises(ValueError, match="JAXSPEC_STATE_UPDATE is set, but jaxspec reads no such variable"):
         dispatch.check_flags()
