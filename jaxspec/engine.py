@@ -100,6 +100,10 @@ class Speculator:
     # (what, argument, jaxspec.sharding function) that lays `params` out on a mesh, for the engine's error when
     # they are not (`check_laid_out`); None for a speculator without params.
     layout: tuple[str, str, str] | None = None
+    # `target_cfg` (set by a speculator built for one target) and the fields of it that must match the model's:
+    # `Engine` refuses a model that differs in any of them.
+    target_cfg = None
+    target_fields: tuple[str, ...] = ("vocab_size", "hidden_size", "num_layers")
 
     def init(self, batch: int, max_len: int):
         return ()
@@ -296,10 +300,6 @@ class Result:
         return float((self.hist * np.arange(len(self.hist))).sum() / r) if r else 0.0
 
 
-# The fields of the target config a speculator's shapes and taps depend on (`Engine` compares them).
-_SPEC_FIELDS = ("vocab_size", "hidden_size", "num_layers")
-
-
 # Prompt tokens per compiled prefill piece (`Engine(prefill_chunk=)`, generate's --prefill-chunk): the prompt runs as
 # pieces of this many tokens, then its tail in powers of two (`prefill_pieces`). An 8K prompt on the H200 took
 # 1128.49 ms in pieces of 256 and 938.13 in pieces of 1024 (bench/results/2026-12-06-h200-s63/): each piece reads
@@ -347,8 +347,8 @@ class Engine:
             check_laid_out(model, check_mesh(mesh))
         self.mesh = mesh
         self.spec = speculator or AR()
-        want = getattr(self.spec, "target_cfg", None)     # the target config a DFlash / MTP was checked against
-        bad = [f"{f} {getattr(want, f)} vs {getattr(self.cfg, f)}" for f in _SPEC_FIELDS
+        want = self.spec.target_cfg         # the target config a DFlash / MTP was checked against
+        bad = [f"{f} {getattr(want, f)} vs {getattr(self.cfg, f)}" for f in self.spec.target_fields
                if want is not None and getattr(want, f) != getattr(self.cfg, f)]
         if bad:
             raise ConfigError(f"the {self.spec.name} speculator was built for another target than this model "

@@ -128,6 +128,8 @@ class MTP(Speculator):
 
     name = "mtp"
     layout = ("MTP head", "head", "shard_mtp")
+    # the head runs in the target's residual stream with its own attention layer: `Engine` compares these too
+    target_fields = Speculator.target_fields + tuple(f for f in _SHAPE_FIELDS if f not in Speculator.target_fields)
 
     def __init__(self, head: MTPHead, target: TargetConfig, tokens: int):
         tokens = int_arg(tokens, "--mtp-tokens", ConfigError)
