@@ -211,6 +211,7 @@ def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, p
     refuses it."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(out_dir)
+    threads = set(threading.enumerate())
     with _sigterm_raises() as hold:
         try:
             tmp.mkdir()
@@ -232,8 +233,22 @@ def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, p
                 replace_dir(tmp, out_dir)
         except BaseException:
             with hold():
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_written(tmp, threads)
             raise
+
+
+def _remove_written(tmp: Path, threads: set) -> None:
+    """Remove the temp dir of a failed or interrupted write. An interrupt reaches the main thread only: Orbax's
+    writer threads (those not in `threads`, the ones alive before the write) may still be writing into `tmp`, and
+    would put files back into a dir being removed. So they are given up to WRITER_WAIT_S seconds to end first."""
+    deadline = time.monotonic() + WRITER_WAIT_S
+    for t in set(threading.enumerate()) - threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for _ in range(3):
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (tmp.exists() or tmp.is_symlink()):
+            return
+        time.sleep(0.1)
 
 
 def _not_described(config_path: Path, cfg, model) -> str:
@@ -374,6 +389,8 @@ def _sigterm_raises():
 # machines (54 GB), so they must stream through in pieces rather than be staged all at once.
 SAVE_HOST_GB = 4
 RESTORE_HOST_GB = 8
+# Seconds an interrupted write waits for Orbax's writer threads before removing its temp dir (`_remove_written`).
+WRITER_WAIT_S = 30.0
 
 
 def _write_params(model: nnx.Module, path: Path):

@@ -1020,6 +1020,41 @@ def test_sigterm_during_save_leaves_nothing_behind(tmp_path, when):
         assert sorted(os.listdir(work / "out")) == ["config.json", "jaxspec.json", "params"]
 
 
+def test_an_interrupt_waits_for_the_writer_threads_before_removing_the_temp_dir(tmp_path, monkeypatch):
+    """Ctrl-C reaches the main thread only, while Orbax's writer threads go on writing files into the temp dir for a
+    moment: the dir is removed after they end, not under them (which left it behind, refilled, and printed their
+    tracebacks)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+    from convert import store
+    src, work = tmp_path / "src", tmp_path / "work"
+    src.mkdir()
+    work.mkdir()
+    (src / "config.json").write_text("{}")
+    cfg = SimpleNamespace(dtype="float32")
+
+    def write_params(model, path):
+        def writer():           # an Orbax thread: its files land for a while after the main thread stopped waiting
+            for i in range(8):
+                time.sleep(0.05)
+                path.mkdir(parents=True, exist_ok=True)
+                (path / f"chunk-{i}").write_bytes(b"x" * 64)
+        threads.append(threading.Thread(target=writer, name="serialize_shardings"))
+        threads[-1].start()
+        raise KeyboardInterrupt
+
+    threads = []
+
+    monkeypatch.setattr(store, "_write_params", write_params)
+    monkeypatch.setattr(store, "_check_params", lambda kind, model, config_path: None)
+    kind = store.Kind("fake", "jaxspec-fake", 1, lambda path, dtype: cfg, None)
+    with pytest.raises(KeyboardInterrupt):
+        store.save(kind, SimpleNamespace(cfg=cfg), work / "out", src)
+    threads[0].join()
+    assert os.listdir(work) == []
+
+
 # ------------------------------------------------------------------------------------------------
 # Progress and the command line
 
