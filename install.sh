@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 extra="${1:-}"
+case "$extra" in    # before anything is made: a typo ('tests') once left a new .venv behind
+  ""|test|cuda) ;;
+  *) echo "install.sh: unknown extra '$extra' (use: test, cuda)" >&2; exit 2 ;;
+esac
 
 ok() { "$@" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; }
 py="${PYTHON:-}"
@@ -47,6 +51,5 @@ case "$extra" in
   test) "${pip[@]}" -e ".[test]" "${pins[@]}"
         "${pip[@]}" --no-deps "dflash==0.1.0" ;;  # its metadata pins unrelated packages
   cuda) "${pip[@]}" -e ".[cuda]" "jax[cuda13]==0.11.2" ;;
-  *) echo "install.sh: unknown extra '$extra' (use: test, cuda)" >&2; exit 2 ;;
 esac
 echo "install.sh: done; run .venv/bin/python -m jaxspec.generate --help" >&2

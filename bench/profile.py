@@ -353,13 +353,13 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("xplane", help="the trace (.xplane.pb, e.g. from jax.profiler.trace or bench.harness --dump-dir)")
     ap.add_argument("hlo", help="optimized HLO text of the profiled module (.txt or .txt.gz)")
-    ap.add_argument("--steps", type=at_least(1), default=1, help="complete steps in the trace")
+    ap.add_argument("--steps", type=at_least(1), default=1, help="complete steps in the trace (default: %(default)s)")
     ap.add_argument("--first-step", action="store_true", help="keep only the first step (up to the lm_head)")
     ap.add_argument("--module", default=None, help="only the kernels of HLO modules whose name contains this "
                     "(default: every module in the trace)")
     ap.add_argument("--device", type=at_least(0), default=None,
                     help="only this device's kernels (a multi-GPU trace has one plane per GPU: needed there)")
-    ap.add_argument("--top", type=at_least(0), default=25, help="longest kernels listed")
+    ap.add_argument("--top", type=at_least(0), default=25, help="longest kernels listed (default: %(default)s)")
     ap.add_argument("--json", default=None, help="write the summary here (with the commit, the machine and the date)")
     args = dispatch.parse_args(ap, argv)
     writable_file(ap, "--json", args.json)

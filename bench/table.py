@@ -1,7 +1,7 @@
 """Issue #6's results table in one command: the round phases at each context, the tree-attention kernel
 at the longest prefix, and an 8K prefill, each against its goal and the roofline.
 
-    JAX_PLATFORMS=cuda python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --out DIR
+    python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --budget 63 --out DIR
 
 Five parts, each in its own process so that each starts with the GPU's memory free (the real model's weights are
 51 GB; each part's JAX takes 90% of the GPU unless XLA_CLIENT_MEM_FRACTION says otherwise), each writing its JSON
@@ -251,7 +251,9 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="tiny", help="'real' (Qwen3.6-27B + z-lab drafter shape), a model directory "
                     "or config.json (its shape; the kernels at their real sizes) or 'tiny' (CPU-sized, the kernels "
                     "too; default: %(default)s)")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="default: %(default)s")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="dtype of the random weights and activations of the round phases and the prefill "
+                         "(bench.rounds, bench.harness); the kernel parts time their own (default: %(default)s)")
     ap.add_argument("--contexts", default="1024,32768,131072",
                     help="committed tokens of the round phases (default: %(default)s)")
     ap.add_argument("--budget", type=at_least(1), default=64,

@@ -102,7 +102,8 @@ def table(by_tp, key, tau):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.tp_table", description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="bench.tp JSON results (one or more per TP degree; TP = 1 required)")
-    ap.add_argument("--tau", type=float, default=9.18, help="tokens per DFlash / DDTree round for the tok/s columns")
+    ap.add_argument("--tau", type=float, default=9.18, help="tokens per DFlash / DDTree round for the tok/s "
+                    "columns (default: %(default)s)")
     ap.add_argument("--out", default=None, help="write the markdown here (default: stdout)")
     args = dispatch.parse_args(ap, argv)
     if not args.tau > 0:        # (nan too)

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from jaxspec.config import FULL, LINEAR, TargetConfig
-from jaxspec.sampling import Sampling, seed_problem
+from jaxspec.files import blocking_file
+from jaxspec.sampling import Sampling, cut_problem, seed_problem
 
 METHODS = ("ar", "dflash", "ddtree", "mtp")
 DEMO_ENV = "JAXSPEC_DEMO_DIR"
@@ -127,7 +128,10 @@ def parser() -> argparse.ArgumentParser:
                         "a CPU, where each row costs compute)")
     p.add_argument("--mtp-tokens", type=int, default=None,
                    help=f"MTP: tokens the checkpoint's own MTP head drafts per round (default: {MTP_TOKENS})")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="new tokens to generate after the prompt (each sequence's), the prefill's first token "
+                        "included; an end-of-sequence token, counted among them, ends it sooner unless --ignore-eos "
+                        "(default: %(default)s)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prompt tokens per compiled prefill piece (default: 1024, the engine's PREFILL_CHUNK). Longer "
                         "pieces read the weights fewer times and take more memory for their activations; each piece "
@@ -213,8 +217,8 @@ def _main(argv) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         parser().error(str(e))
-    if args.temperature == 0.0 and (args.top_k or args.top_p != 1.0):
-        parser().error("--top-k/--top-p only apply when sampling (--temperature > 0); greedy takes the argmax")
+    if problem := cut_problem(sampling):
+        parser().error(problem)
     if args.no_thinking and not args.chat:
         parser().error("--no-thinking only applies with --chat")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-len", args.max_len),
@@ -247,6 +251,10 @@ def _main(argv) -> int:
         parser().error(f"--tp and --dp must be >= 1, got {args.tp} and {args.dp}")
     if compare and args.tp * args.dp > 1:
         parser().error("the demo comparison runs on one device; pass --method with --tp/--dp")
+    if args.compile_cache not in (None, "off") and (blocker := blocking_file(args.compile_cache)) is not None:
+        # JAX only warned (FileExistsError) at each program it could not keep, and ran on without a cache
+        where = "" if blocker == Path(args.compile_cache).absolute() else f"{blocker} "
+        parser().error(f"--compile-cache {args.compile_cache}: {where}is not a directory")
 
     from jaxspec import sharding
     sharding.claim_device_memory()      # before the first use of a device
@@ -412,9 +420,9 @@ def _main(argv) -> int:
     n, rate, rounds = _counts(res)
     each = f" per sequence (batch of {args.dp})" if args.dp > 1 else ""
     if not rounds:      # --max-new-tokens 1, or a stop token first
-        print(f"[{n} tokens{each} from the prefill ({res.prefill_s:.2f}s); no decode rounds]", file=sys.stderr)
+        print(f"[{tokens(n)}{each} from the prefill ({res.prefill_s:.2f}s); no decode rounds]", file=sys.stderr)
         return 0
-    print(f"[{n} tokens{each}: prefill {res.prefill_s:.2f}s (the first token), decode {res.decode_s:.2f}s "
+    print(f"[{tokens(n)}{each}: prefill {res.prefill_s:.2f}s (the first token), decode {res.decode_s:.2f}s "
           f"({rate:.1f} tok/s{' per sequence' if each else ''} after the first, includes compilation); "
           f"tau {res.tau:.2f} tokens/round over {rounds} rounds]", file=sys.stderr)
     if args.method != "ar":
@@ -429,6 +437,11 @@ def _counts(r) -> tuple[str, float, int]:
     lens = [len(t) for t in r.tokens]
     n = str(lens[0]) if min(lens) == max(lens) else f"{min(lens)}-{max(lens)}"
     return n, (sum(lens) - len(lens)) / len(lens) / max(r.decode_s, 1e-9), int(r.rounds.max())
+
+
+def tokens(n: str) -> str:
+    """A count from _counts with its noun: "1 token", "5 tokens", "1-5 tokens"."""
+    return f"{n} token" if n == "1" else f"{n} tokens"
 
 
 def _decode_error(e, method: str = "ar", midline: bool = False) -> int:
@@ -509,7 +522,7 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
     for name, (r, compile_s) in runs.items():
         n, rate, rounds = _counts(r)
         label = _label(args, name, model.cfg.dtype)
-        print(f"[{label}: {n} tokens in {r.decode_s:.3f}s{of} ({rate:.1f} tok/s after the first; compiled in "
+        print(f"[{label}: {tokens(n)} in {r.decode_s:.3f}s{of} ({rate:.1f} tok/s after the first; compiled in "
               f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {rounds} rounds]", file=sys.stderr)
     ar, sp = runs["ar"][0], res
     same = same_tokens(ar.tokens == sp.tokens, sampling.greedy, str(model.cfg.dtype))

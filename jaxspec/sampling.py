@@ -57,6 +57,14 @@ class Sampling:
         return self.temperature == 0.0
 
 
+def cut_problem(s: Sampling) -> str | None:
+    """Why a command line's --top-k/--top-p cannot be taken with `s`'s temperature (they cut the distribution that
+    sampling draws from; greedy draws nothing); None if they can."""
+    if s.greedy and (s.top_k or s.top_p != 1.0):
+        return "--top-k/--top-p only apply when sampling (--temperature > 0); greedy takes the argmax"
+    return None
+
+
 def log_probs(logits, s: Sampling):
     """Log-probabilities after temperature, top-k and top-p; -inf outside the kept set. [..., V]"""
     return jax.nn.log_softmax(transformed(logits, s), -1)

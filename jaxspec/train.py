@@ -2141,7 +2141,7 @@ def run_eval(args) -> int:
     from convert.drafter import load_draft
     from convert.store import load_model
 
-    from jaxspec.sampling import Sampling
+    from jaxspec.sampling import Sampling, cut_problem
     refuse_below(1, ("--prompts", args.prompts), ("--prompt-len", args.prompt_len), ("--max-new", args.max_new),
                  ("--budgets", min(args.budgets, default=1)), ("--ar-rows", args.ar_rows))
     check_seed(args.seed)
@@ -2149,6 +2149,8 @@ def run_eval(args) -> int:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if problem := cut_problem(sampling):        # was: a greedy run, the cut silently unused
+        raise ConfigError(problem)
     if Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out}: is a directory; eval writes a JSON file")
     out_dir(Path(args.out).absolute().parent, "--out")
@@ -2158,6 +2160,8 @@ def run_eval(args) -> int:
             pair_results = json.loads(Path(args.unseen_by).read_text())
             left_out = set(seen_by_pair(files, pair_results))
             trained, listed = trained_on(pair_results)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--unseen-by {args.unseen_by}: not valid JSON ({e})") from None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--unseen-by {args.unseen_by}: {e}") from None
         files = [f for f in files if f not in left_out]
@@ -2216,7 +2220,7 @@ def run_eval(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jaxspec.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True)     # its metavar, set below, names the commands
     a = sub.add_parser("pair", help="train the demo target + DFlash drafter end to end and evaluate them")
     a.add_argument("--out", required=True, help="output dir: pair.tar.NN parts, pair.sha256, results.json, loss PNGs")
     a.add_argument("--work", help="scratch dir for checkpoints and the unpacked pair (default: OUT/work)")
@@ -2271,7 +2275,10 @@ def parser() -> argparse.ArgumentParser:
     a.set_defaults(func=run_pair)
     d = sub.add_parser("drafter", help="train (or continue, --init) a DFlash drafter for an existing target")
     d.add_argument("--target", required=True, help="target dir (HF or converted) with tokenizer files")
-    d.add_argument("--text", nargs="+", required=True, help="text files or dirs (.py/.txt/.md) to cut prompts from")
+    d.add_argument("--text", nargs="+", required=True,
+                   help="text files or dirs (.py/.txt/.md) of the training data: with --data corpus (the default), "
+                        "the corpus the target is teacher-forced over in --window windows; with --data greedy, the "
+                        "text the --sequences prompts are cut from")
     d.add_argument("--package-text", type=int, default=0, metavar="N",
                    help="also N .py files of this interpreter's installed packages (1-100 KB each, evenly spaced "
                         "over their sorted list) as text: more varied prompts than a few held-apart files. They come "
@@ -2401,6 +2408,7 @@ def parser() -> argparse.ArgumentParser:
                         "and measure how much the target's continuations recite the files it trained on (those this "
                         "Python has): ar.recitation, and tau where a prompt's continuation does not (not_reciting)")
     e.set_defaults(func=run_eval)
+    sub.metavar = "{" + ",".join(sub.choices) + "}"      # without a command: "required: {pair,drafter,eval}", not "cmd"
     return p
 
 

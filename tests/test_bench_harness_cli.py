@@ -201,6 +201,13 @@ def test_verify_profile_help_names_every_flag(capsys):
     assert "text" not in opts["--out"]
 
 
+def test_profile_help_says_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        profile.main(["--help"])
+    opts = _options(capsys.readouterr().out)
+    assert "(default: 1)" in opts["--steps"] and "(default: 25)" in opts["--top"], opts
+
+
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     """A host-only xplane.pb of two calls of a jitted function, and that function's optimized HLO."""

@@ -335,3 +335,16 @@ def test_help_says_the_defaults(capsys):
         table.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "default: 64" in out and "default: 20" in out and "default: 100" in out and "default: tiny" in out
+
+
+def test_help_says_what_dtype_is_and_the_docstring_runs_the_readmes_command(capsys):
+    """--dtype's help was only its default; the module's example lacked the README's --budget 63."""
+    import re
+    from pathlib import Path
+    with pytest.raises(SystemExit):
+        table.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--dtype {bfloat16,float32} dtype of the random weights and activations of the round phases" in out, out
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    command = re.search(r"`(python -m bench\.table [^`]*)`", readme).group(1)
+    assert command in " ".join(table.__doc__.split()), command

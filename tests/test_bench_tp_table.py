@@ -107,3 +107,10 @@ def test_table_refuses_a_tau_that_is_not_positive(tmp_path, capsys, tau):
         tp_table.main([a, "--tau", tau])
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"--tau: must be > 0, got {tau}" in err, err
+
+
+def test_help_says_the_default_tau(capsys):
+    with pytest.raises(SystemExit):
+        tp_table.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tokens per DFlash / DDTree round for the tok/s columns (default: 9.18)" in out, out

@@ -69,6 +69,27 @@ def test_compile_cache_keeps_the_programs(tmp_path):
     assert any("_run_rounds" in name for name in kept) and any("_prefill_piece" in name for name in kept), kept
 
 
+def test_a_compile_cache_that_is_no_directory_is_refused(tmp_path, monkeypatch, capsys):
+    """--compile-cache FILE (or a path under a file): one line naming the flag, before anything loads (JAX warned
+    FileExistsError at each program it could not keep, and the run went on without a cache)."""
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    bad = tmp_path / "f"
+    bad.write_text("")
+    for path, what in ((bad, "is not a directory"), (bad / "xla", f"{bad} is not a directory")):
+        assert run_main(["--method", "ar", "--max-new-tokens", "1", "--compile-cache", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and error_line(err) == f"{ERROR}--compile-cache {path}: {what}", err
+        assert "loaded in" not in err
+
+
+def test_help_says_what_max_new_tokens_counts():
+    """It said only "default: 64"."""
+    from jaxspec.generate import parser
+    text = " ".join(parser().format_help().split())
+    assert "--max-new-tokens MAX_NEW_TOKENS new tokens to generate after the prompt (each sequence's), the " \
+        "prefill's first token included;" in text and "unless --ignore-eos (default: 64)" in text, text
+
+
 def test_demo_comparison_times_each_method_in_turn(dirs, tmp_path, monkeypatch, capsys):
     """The demo's comparison (no --model, no --method) on a pair laid out as jaxspec/demo is: each method compiled,
     then timed --repeats times, AR and DDTree in turn; each line names the median of the runs. The target's lm_head
@@ -455,7 +476,7 @@ def test_counts_are_per_sequence(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
     assert main(["--method", "ar", "--max-new-tokens", "1", "--ignore-eos"]) == 0
     err = capsys.readouterr().err
-    assert "[1 tokens from the prefill (" in err and "; no decode rounds]" in err and "tok/s" not in err, err
+    assert "[1 token from the prefill (" in err and "; no decode rounds]" in err and "tok/s" not in err, err
 
     def generate(self, prompts, max_new, *, on_tokens, **kw):     # 5 tokens in each of 2 rows, 4 rounds each
         on_tokens([[11]] * len(prompts))

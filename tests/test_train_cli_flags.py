@@ -102,6 +102,34 @@ def test_eval_refuses_a_bad_flag_before_reading_the_models(tmp_path, capsys, fla
     assert err.startswith("error: ") and message in err and "no_target" not in err, err
 
 
+@pytest.mark.parametrize("flags", [["--top-k", "5"], ["--top-p", "0.9"], ["--top-k", "5", "--temperature", "0"]])
+def test_eval_refuses_a_sampling_cut_without_a_temperature(tmp_path, capsys, flags):
+    """--top-k/--top-p without --temperature > 0 (was: a greedy run, the cut unused): generate's line, before the
+    models are read; with a temperature they go on to --target."""
+    assert train.main(offline_eval(tmp_path, *flags)) == 2
+    assert capsys.readouterr().err == ("error: --top-k/--top-p only apply when sampling (--temperature > 0); greedy "
+                                       "takes the argmax\n")
+    assert train.main(offline_eval(tmp_path, *flags[:2], "--temperature", "1")) == 2
+    assert capsys.readouterr().err == f"error: --target {tmp_path / 'no_target'}: does not exist\n"
+
+
+def test_eval_says_an_unseen_by_file_is_not_json(tmp_path, capsys):
+    """Was only json's "Expecting value: line 1 column 1 (char 0)" after the flag."""
+    bad = tmp_path / "results.txt"
+    bad.write_text("not json\n")
+    assert train.main(offline_eval(tmp_path, "--unseen-by", str(bad))) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --unseen-by {bad}: not valid JSON (Expecting value: line 1 column 1 (char 0))\n", err
+
+
+def test_no_command_names_the_commands(capsys):
+    """Was "the following arguments are required: cmd"."""
+    with pytest.raises(SystemExit) as e:
+        train.main([])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and line.endswith("error: the following arguments are required: {pair,drafter,eval}"), line
+
+
 def test_eval_refuses_an_out_under_a_file_before_reading_the_models(tmp_path, capsys):
     """eval --out FILE/r.json: one line naming --out (it ran the whole evaluation and then failed to write)."""
     (tmp_path / "f").write_text("x")
@@ -149,6 +177,13 @@ def test_pair_help_states_the_sizes_it_uses_with_and_without_tiny():
         assert said in helps["pair", flag], (flag, said, helps["pair", flag])
     assert "both (mixed, the default)" in helps["pair", "--drafter-data"]
     assert full.d_data == tiny.d_data == "mixed"
+
+
+def test_drafter_help_says_what_text_is_for_each_data():
+    """--text said "to cut prompts from", which is --data greedy's use; the default corpus data is the text itself."""
+    text = " ".join(_helps()["drafter", "--text"].split())
+    assert "with --data corpus (the default), the corpus the target is teacher-forced over" in text, text
+    assert "with --data greedy, the text the --sequences prompts are cut from" in text, text
 
 
 def test_drafter_default_ffn_and_taps_are_those_its_help_states(cli_target, tmp_path, monkeypatch):  # noqa: F811
