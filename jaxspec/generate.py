@@ -264,7 +264,7 @@ def _main(argv) -> int:
     from jaxspec.config import ConfigError
     from jaxspec.engine import AR, PREFILL_CHUNK, Engine, context_problem
     from jaxspec.model import Qwen35
-    from jaxspec.tokenizer import load_tokenizer
+    from jaxspec.tokenizer import QWEN36_NAME, load_tokenizer
 
     if (cache := compile_cache_dir(args.compile_cache, os.environ)) is not None:
         jax.config.update("jax_compilation_cache_dir", cache or None)
@@ -329,7 +329,10 @@ def _main(argv) -> int:
     if not ids:
         parser().error("--prompt encodes to no tokens")
     if max(ids) >= model.cfg.vocab_size:
-        parser().error(f"tokenizer {tok.name} produced id {max(ids)} >= the model's vocab_size {model.cfg.vocab_size}")
+        why = (f" (--model {args.model} has no tokenizer files, so the Qwen3.6 vocabulary stood in: put the model's "
+               "tokenizer.json (or vocab.json + merges.txt) there)" if args.model and tok.name == QWEN36_NAME else "")
+        parser().error(f"tokenizer {tok.name} produced id {max(ids)} >= the model's vocab_size "
+                       f"{model.cfg.vocab_size}{why}")
     stops = () if args.ignore_eos else tuple(set(model.cfg.eos_token_ids) | set(tok.eos_ids))
     speculator = None
     if args.method == "ddtree":     # before the drafter's load (GBs at 27B), not after
@@ -424,7 +427,7 @@ def _main(argv) -> int:
         return 0
     print(f"[{tokens(n)}{each}: prefill {res.prefill_s:.2f}s (the first token), decode {res.decode_s:.2f}s "
           f"({rate:.1f} tok/s{' per sequence' if each else ''} after the first, includes compilation); "
-          f"tau {res.tau:.2f} tokens/round over {rounds} rounds]", file=sys.stderr)
+          f"tau {res.tau:.2f} tokens/round over {rounds} round{'s' * (rounds != 1)}]", file=sys.stderr)
     if args.method != "ar":
         hist = " ".join(f"{k}:{int(c)}" for k, c in enumerate(res.hist) if k and c)
         print(f"[acceptance histogram (tokens per round: rounds): {hist}]", file=sys.stderr)
@@ -523,7 +526,8 @@ def _compare(args, model, tok, ids, speculator, sampling, stops) -> int:
         n, rate, rounds = _counts(r)
         label = _label(args, name, model.cfg.dtype)
         print(f"[{label}: {tokens(n)} in {r.decode_s:.3f}s{of} ({rate:.1f} tok/s after the first; compiled in "
-              f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {rounds} rounds]", file=sys.stderr)
+              f"{compile_s:.1f}s before); tau {r.tau:.2f} tokens/round over {rounds} round{'s' * (rounds != 1)}]",
+              file=sys.stderr)
     ar, sp = runs["ar"][0], res
     same = same_tokens(ar.tokens == sp.tokens, sampling.greedy, str(model.cfg.dtype))
     ar_rate, sp_rate = _counts(ar)[1], _counts(sp)[1]      # decoded tokens per second: either may stop early

