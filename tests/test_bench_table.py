@@ -346,5 +346,5 @@ def test_help_says_what_dtype_is_and_the_docstring_runs_the_readmes_command(caps
     out = " ".join(capsys.readouterr().out.split())
     assert "--dtype {bfloat16,float32} dtype of the random weights and activations of the round phases" in out, out
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    command = re.search(r"`(python -m bench\.table [^`]*)`", readme).group(1)
+    command = re.search(r"`(?:\.venv/bin/)?(python -m bench\.table [^`]*)`", readme).group(1)
     assert command in " ".join(table.__doc__.split()), command
