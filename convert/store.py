@@ -231,18 +231,19 @@ def _write(kind: Kind, model, out_dir: Path, src_dir: Path, config_path: Path, p
                 if out_dir.exists() or out_dir.is_symlink():
                     _check_replaceable(kind, out_dir, overwrite)
                 replace_dir(tmp, out_dir)
-        except BaseException:
+        except BaseException as e:
             with hold():
-                _remove_written(tmp, threads)
+                _remove_written(tmp, threads if isinstance(e, (KeyboardInterrupt, SystemExit)) else None)
             raise
 
 
-def _remove_written(tmp: Path, threads: set) -> None:
+def _remove_written(tmp: Path, threads: set | None) -> None:
     """Remove the temp dir of a failed or interrupted write. An interrupt reaches the main thread only: Orbax's
     writer threads (those not in `threads`, the ones alive before the write) may still be writing into `tmp`, and
-    would put files back into a dir being removed. So they are given up to WRITER_WAIT_S seconds to end first."""
+    would put files back into a dir being removed. So after an interrupt they are given up to WRITER_WAIT_S seconds
+    to end first (`threads` None: a failure, which Orbax raised after its threads ended; no wait)."""
     deadline = time.monotonic() + WRITER_WAIT_S
-    for t in set(threading.enumerate()) - threads:
+    for t in set(threading.enumerate()) - threads if threads is not None else ():
         t.join(max(0.0, deadline - time.monotonic()))
     for _ in range(3):
         shutil.rmtree(tmp, ignore_errors=True)

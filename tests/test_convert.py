@@ -1023,7 +1023,7 @@ def test_sigterm_during_save_leaves_nothing_behind(tmp_path, when):
 def test_an_interrupt_waits_for_the_writer_threads_before_removing_the_temp_dir(tmp_path, monkeypatch):
     """Ctrl-C reaches the main thread only, while Orbax's writer threads go on writing files into the temp dir for a
     moment: the dir is removed after they end, not under them (which left it behind, refilled, and printed their
-    tracebacks)."""
+    tracebacks). A failure (Orbax raised it, its threads done) removes the dir without waiting on other threads."""
     import threading
     import time
     from types import SimpleNamespace
@@ -1053,6 +1053,18 @@ def test_an_interrupt_waits_for_the_writer_threads_before_removing_the_temp_dir(
         store.save(kind, SimpleNamespace(cfg=cfg), work / "out", src)
     threads[0].join()
     assert os.listdir(work) == []
+
+    def fail_with_a_thread_alive(model, path):     # a failure, not an interrupt: an unrelated thread is not waited on
+        threads.append(threading.Thread(target=time.sleep, args=(5,), daemon=True))
+        threads[-1].start()
+        path.mkdir()
+        raise OSError(28, "no space left")
+
+    monkeypatch.setattr(store, "_write_params", fail_with_a_thread_alive)
+    begun = time.monotonic()
+    with pytest.raises(OSError, match="no space left"):
+        store.save(kind, SimpleNamespace(cfg=cfg), work / "out", src)
+    assert time.monotonic() - begun < 2.0 and threads[-1].is_alive() and os.listdir(work) == []
 
 
 # ------------------------------------------------------------------------------------------------
