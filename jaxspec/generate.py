@@ -266,7 +266,11 @@ def _main(argv) -> int:
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import QWEN36_NAME, load_tokenizer
 
-    if (cache := compile_cache_dir(args.compile_cache, os.environ)) is not None:
+    if (cache := compile_cache_dir(args.compile_cache, os.environ)) and (blocker := blocking_file(cache)) is not None:
+        # the default's place (no flag given): say why there is no cache and go on, as JAX would without the name
+        print(f"[no compile cache: {blocker} is not a directory; pass --compile-cache DIR, or off]", file=sys.stderr)
+        cache = ""
+    if cache is not None:
         jax.config.update("jax_compilation_cache_dir", cache or None)
     if args.distributed:
         try:

@@ -82,6 +82,29 @@ def test_a_compile_cache_that_is_no_directory_is_refused(tmp_path, monkeypatch, 
         assert "loaded in" not in err
 
 
+def test_a_default_compile_cache_under_a_file_is_named_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """No --compile-cache, and $XDG_CACHE_HOME is a file: the default place cannot be a directory. The run says so,
+    naming the file and the flag, and completes without a cache (JAX alone warned at each program, naming neither)."""
+    import jax
+    monkeypatch.setenv("JAXSPEC_DEMO_DIR", str(tmp_path / "no-demo"))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "set-before"))    # so that None is this run's
+    try:
+        assert run_main(["--method", "ar", "--max-new-tokens", "2"]) == 0
+        after = jax.config.jax_compilation_cache_dir
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    out, err = capsys.readouterr()
+    assert f"[no compile cache: {blocker} is not a directory; pass --compile-cache DIR, or off]" in err.splitlines()
+    assert "loaded in" in err and out.strip(), (out, err)
+    assert after is None
+    assert blocker.is_file() and blocker.read_text() == ""
+
+
 def test_help_says_what_max_new_tokens_counts():
     """It said only "default: 64"."""
     from jaxspec.generate import parser
