@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 
@@ -82,3 +83,15 @@ def _marked_incomplete(path: Path) -> bool:
         return json.loads(path.read_text()).get("complete") is False
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def exit_with(main) -> None:
+    """`python -m bench.X`: exits with main()'s status (a returned result, not an int, is success). Ctrl-C prints
+    "interrupted" and exits 130, without a traceback; a results file keeps what its last finished phase saved
+    (marked "complete": false, or in OUT.partial beside an earlier finished result)."""
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(status if isinstance(status, int) else 0)

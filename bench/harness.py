@@ -47,7 +47,7 @@ import numpy as np
 from flax import nnx
 
 from bench import profile
-from bench.cli import StagedResult, at_least, writable_dir, writable_file, write_json
+from bench.cli import StagedResult, at_least, exit_with, writable_dir, writable_file, write_json
 from jaxspec import model as M
 from jaxspec.config import FULL, LINEAR, ConfigError, TargetConfig, load_target_config, qwen36_27b
 from jaxspec.provenance import git_info
@@ -1028,4 +1028,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

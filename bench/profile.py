@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 
-from bench.cli import at_least, writable_file, write_json
+from bench.cli import at_least, exit_with, writable_file, write_json
 from pallas_kernels import dispatch
 
 PARTS = ("embed", "attn", "gdn", "mlp", "norm", "head", "commit")
@@ -406,4 +406,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

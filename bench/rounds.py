@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from bench import harness as H
-from bench.cli import StagedResult, at_least, writable_file
+from bench.cli import StagedResult, at_least, exit_with, writable_file
 from bench.profile import device_time
 from jaxspec import drafter as DR
 from jaxspec import model as M
@@ -529,4 +529,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

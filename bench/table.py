@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.cli import at_least, writable_dir, write_json
+from bench.cli import at_least, exit_with, writable_dir, write_json
 from bench.harness import context_limit, parse_contexts, resolve_config
 from bench.rounds import pair_configs, timed_room
 from jaxspec.config import ConfigError
@@ -387,4 +387,4 @@ def _default_backend() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.cli import at_least, write_json, writable_file
+from bench.cli import at_least, exit_with, writable_file, write_json
 from jaxspec import tree as trees
 from jaxspec.model import init_state
 from pallas_kernels import dispatch
@@ -162,4 +162,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main)

@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 
 from bench import harness as H
 from bench import rounds as R
-from bench.cli import StagedResult, at_least, writable_dir, writable_file
+from bench.cli import StagedResult, at_least, exit_with, writable_dir, writable_file
 from jaxspec import sharding as S
 from jaxspec import tree as trees
 from jaxspec.config import ConfigError
@@ -359,4 +359,4 @@ def run(cfg, dcfg, mesh, methods, contexts, args, res, save, late, staged):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

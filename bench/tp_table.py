@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.cli import writable_file
+from bench.cli import exit_with, writable_file
 from jaxspec.files import write_atomic
 from pallas_kernels import dispatch
 
@@ -118,4 +118,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

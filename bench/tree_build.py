@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.cli import at_least, writable_dir, writable_file, write_json
+from bench.cli import at_least, exit_with, writable_dir, writable_file, write_json
 from bench.harness import git_info, machine_info, parse_contexts, versions
 from bench.profile import load_events, trace
 from bench.rounds import back_to_back
@@ -127,4 +127,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bench import harness as H
-from bench.cli import at_least, writable_file, write_json
+from bench.cli import at_least, exit_with, writable_file, write_json
 from bench.rounds import random_params
 from jaxspec import model as M
 from jaxspec import tree as trees
@@ -103,4 +103,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

@@ -104,3 +104,17 @@ def test_a_layer_bench_refuses_bad_sizes_layers_and_iters_naming_the_flag(argv, 
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.strip().splitlines()[-1].endswith(message), err
     assert built == []
+
+
+def test_exit_with_passes_the_status_and_ends_ctrl_c_quietly(capsys):
+    """`python -m bench.X`: an int status is the exit status, a returned result (harness's dict) is success, and
+    Ctrl-C is one "interrupted" line and 130 (was: a KeyboardInterrupt traceback and 1)."""
+    from bench.cli import exit_with
+
+    def interrupted():
+        raise KeyboardInterrupt
+    for main, status in ((lambda: 3, 3), (lambda: {"complete": True}, 0), (lambda: None, 0), (interrupted, 130)):
+        with pytest.raises(SystemExit) as e:
+            exit_with(main)
+        assert e.value.code == status
+    assert capsys.readouterr().err == "\ninterrupted\n"

@@ -332,3 +332,28 @@ def test_harness_times_the_engines_prefill_in_pieces(tmp_path):
         assert r["time"]["median_ms"] > 0 and r["first_call_s"] > 0 and r["flops_2NP"] == one["flops_2NP"]
         assert r["tflop_s_2NP"] == pytest.approx(r["flops_2NP"] / (r["time"]["median_ms"] * 1e-3) / 1e12)
 
+
+
+def test_ctrl_c_ends_the_harness_without_a_traceback(tmp_path):
+    """SIGINT mid-run (`python -m bench.harness`): "interrupted" and status 130, as generate does; the JSON keeps the
+    phases saved before it, marked incomplete. It printed a KeyboardInterrupt traceback and exited 1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    out = tmp_path / "h.json"
+    argv = SMALL[:SMALL.index("--iters")] + ["--iters", "1000000"] + SMALL[SMALL.index("--iters") + 2:]  # minutes
+    p = subprocess.Popen([sys.executable, "-m", "bench.harness", *argv, "--contexts", "16", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen = []
+    for line in p.stdout:               # the ceilings and the weights are done: the decode's timing has begun
+        seen.append(line)
+        if "] params:" in line:
+            break
+    p.send_signal(signal.SIGINT)
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 130, "".join(seen) + rest + err
+    assert "Traceback" not in err and err.strip() == "interrupted", err
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is False and saved["matmul"]["tflop_s"] > 0, saved     # saved before "params:"
