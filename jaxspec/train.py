@@ -528,7 +528,7 @@ def target_loss(graphdef):
 
 def stream_batches(stream: np.ndarray, batch: int, seq: int, seed: int):
     """batch_at(step): `batch` random windows of seq + 1 tokens of `stream`, a pure function of step."""
-    hi = len(stream) - seq - 1
+    hi = len(stream) - seq          # window starts 0..hi-1: the last window ends at the stream's last token
     if hi <= 0:
         raise ValueError(f"token stream of {len(stream)} tokens is shorter than one sequence of {seq + 1}")
 
