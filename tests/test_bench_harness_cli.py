@@ -333,7 +333,6 @@ def test_harness_times_the_engines_prefill_in_pieces(tmp_path):
         assert r["tflop_s_2NP"] == pytest.approx(r["flops_2NP"] / (r["time"]["median_ms"] * 1e-3) / 1e12)
 
 
-
 def test_ctrl_c_ends_the_harness_without_a_traceback(tmp_path):
     """SIGINT mid-run (`python -m bench.harness`): "interrupted" and status 130, as generate does; the JSON keeps the
     phases saved before it, marked incomplete. It printed a KeyboardInterrupt traceback and exited 1."""
