@@ -251,10 +251,14 @@ def _main(argv) -> int:
         parser().error(f"--tp and --dp must be >= 1, got {args.tp} and {args.dp}")
     if compare and args.tp * args.dp > 1:
         parser().error("the demo comparison runs on one device; pass --method with --tp/--dp")
-    if args.compile_cache not in (None, "off") and (blocker := blocking_file(args.compile_cache)) is not None:
-        # JAX only warned (FileExistsError) at each program it could not keep, and ran on without a cache
-        where = "" if blocker == Path(args.compile_cache).absolute() else f"{blocker} "
-        parser().error(f"--compile-cache {args.compile_cache}: {where}is not a directory")
+    # A cache dir that a file keeps from being one: JAX only warned (FileExistsError) at each program it could not
+    # keep, naming neither. Passed as --compile-cache: refused; the default place: said, and the run goes on without.
+    if (cache := compile_cache_dir(args.compile_cache, os.environ)) and (blocker := blocking_file(cache)) is not None:
+        if args.compile_cache is not None:
+            where = "" if blocker == Path(cache).absolute() else f"{blocker} "
+            parser().error(f"--compile-cache {args.compile_cache}: {where}is not a directory")
+        print(f"[no compile cache: {blocker} is not a directory; pass --compile-cache DIR, or off]", file=sys.stderr)
+        cache = ""
 
     from jaxspec import sharding
     sharding.claim_device_memory()      # before the first use of a device
@@ -266,10 +270,6 @@ def _main(argv) -> int:
     from jaxspec.model import Qwen35
     from jaxspec.tokenizer import QWEN36_NAME, load_tokenizer
 
-    if (cache := compile_cache_dir(args.compile_cache, os.environ)) and (blocker := blocking_file(cache)) is not None:
-        # the default's place (no flag given): say why there is no cache and go on, as JAX would without the name
-        print(f"[no compile cache: {blocker} is not a directory; pass --compile-cache DIR, or off]", file=sys.stderr)
-        cache = ""
     if cache is not None:
         jax.config.update("jax_compilation_cache_dir", cache or None)
     if args.distributed:
