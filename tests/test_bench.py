@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -360,6 +361,24 @@ def test_tree_build_bench_times_each_budget(tmp_path, monkeypatch, capsys):
     assert "--budgets" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--variants"):
         tree_build.main(["--variants", "fast"])
+
+
+def test_verify_profile_commit_threads_a_donated_state(tmp_path):
+    """bench.verify_profile --commit profiles accept + commit as the engine's round loop runs it: the decoding
+    state is donated (every state array aliased to its output in the compiled program, so nothing is copied
+    whole first) and threaded from call to call."""
+    import gzip
+
+    from bench import verify_profile
+    verify_profile.main(["--config", "tiny", "--context", "32", "--nodes", "9", "--tree", "--commit", "--steps", "3",
+                         "--hlo", "--out", str(tmp_path)])
+    d = json.loads((tmp_path / "commit-tree9.json").read_text())
+    assert d["phase"] == "accept_commit" and d["kernel_ms_per_step"] > 0
+    header = gzip.open(tmp_path / "commit-tree9.hlo.txt.gz", "rt").readline()
+    aliased = re.findall(r"\{(\d+)\}: \((\d+), \{\}, may-alias\)", header)
+    cfg = harness.tiny_config()
+    n_state = 1 + 2 * len(cfg.full_layers) + 2 * len(cfg.linear_layers)    # length, keys, values, conv, ssm
+    assert sorted(int(p) for _, p in aliased) == list(range(n_state)), header[:300]
 
 
 def test_verify_profile_charges_a_tree_verify_to_parts(tmp_path):
