@@ -9,8 +9,9 @@ kernels; on an H100 about 0.35 ms of accept + commit's 0.39 (bench/results/2026-
 program per (sequence, value head, slice of Dv, group of layers) reads S0's tile, the path's k and w * Delta, and
 writes S1 over S0 (input_output_aliases, the states donated): ~300 MB, one kernel. Sessions 44-45's kernel a
 layer (`state_update`, removed) was 10-90x slower than XLA, blamed on Triton's fp32 dot, so the inner product
-comes in three forms: "ieee" and "tf32x3" dots ([Dk, P] x [P, bdv], k pre-transposed by XLA) and "fma" (P rank-1
-updates, statically unrolled, rows loaded from the refs).
+comes in four forms: "ieee" and "tf32x3" dots ([Dk, P] x [P, bdv], k pre-transposed by XLA), "fma" (P rank-1
+updates, statically unrolled, rows loaded from the refs) and "fma_loop" (the same in a loop). On an H100 (session
+75) "fma" with a layer a program took 207.6 against XLA's 343.4 us (chain of 16), but 314 s to compile.
 
     JAX_PLATFORMS=cuda PYTHONPATH=. python bench/next/k_commit_fused.py --out DIR      (the real shape, a sweep)
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/next/k_commit_fused.py --tiny --out DIR  (interpret mode, a check)
@@ -56,6 +57,9 @@ def _kernel(*refs, layers, per, form, precision, n_pad):
                 u = k_ref[j, 0][:, None] * wd_ref[j, 0][None, :]
                 for p in range(1, n_pad):
                     u = u + k_ref[j, p][:, None] * wd_ref[j, p][None, :]
+            elif form == "fma_loop":                                 # the same, a loop (16x less code to compile)
+                u = lax.fori_loop(0, n_pad, lambda p, acc: acc + k_ref[j, p][:, None] * wd_ref[j, p][None, :],
+                                  jnp.zeros(out_refs[l].shape, jnp.float32))
             else:                                                    # k_ref [per, Dk, P]
                 u = lax.dot_general(k_ref[j], wd_ref[j], (((1,), (0,)), ((), ())), precision=precision,
                                     preferred_element_type=jnp.float32)
@@ -74,7 +78,7 @@ def fused_update(s0s, k, wd, eg, *, form, per, block_dv, num_warps=4, interpret=
     groups = layers // per
     assert groups * per == layers and per & (per - 1) == 0, (layers, per)
     tile = pl.BlockSpec((None, None, dk, bdv), lambda bi, hi, vi, gi: (bi, hi, 0, vi))
-    kblk = (per, None, None, n_pad, dk) if form == "fma" else (per, None, None, dk, n_pad)
+    kblk = (per, None, None, n_pad, dk) if form.startswith("fma") else (per, None, None, dk, n_pad)
     in_specs = [tile] * layers + [
         pl.BlockSpec(kblk, lambda bi, hi, vi, gi: (gi, bi, hi // rep, 0, 0)),
         pl.BlockSpec((per, None, None, n_pad, bdv), lambda bi, hi, vi, gi: (gi, bi, hi, 0, vi)),
@@ -105,11 +109,11 @@ def terms(ks, deltas, Gs, anc_row, G_nodes, keep, nodes, *, form):
     wd = jnp.moveaxis(w[..., None] * delta, 2, 3)                                  # [L,B,H,P,Dv]
     k = jnp.moveaxis(k.astype(jnp.float32), 2, 3)                                  # [L,B,Hk,P,Dk]
     p = k.shape[3]
-    n_pad = p if form == "fma" else max(16, pl.next_power_of_2(p))
+    n_pad = p if form.startswith("fma") else max(16, pl.next_power_of_2(p))
     if n_pad > p:
         k = jnp.pad(k, [(0, 0)] * 3 + [(0, n_pad - p), (0, 0)])
         wd = jnp.pad(wd, [(0, 0)] * 3 + [(0, n_pad - p), (0, 0)])
-    if form != "fma":
+    if not form.startswith("fma"):
         k = jnp.swapaxes(k, 3, 4)                                                  # [L,B,Hk,Dk,P]
     eg = jnp.moveaxis(jnp.where(keep[None, :, None], jnp.exp(G_node), 1.0), 0, 2)  # [B,H,L]
     lp = pl.next_power_of_2(eg.shape[2])
@@ -163,7 +167,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="directory for commit_fused.json")
     ap.add_argument("--tiny", action="store_true", help="a small shape in interpret mode (a CPU check)")
     ap.add_argument("--iters", type=int, default=20, help="calls in a timed trace")
-    ap.add_argument("--forms", default="fma,tf32x3,ieee", help="inner products to time (comma-separated)")
+    ap.add_argument("--forms", default="tf32x3,fma_loop,ieee", help="inner products to time (comma-separated)")
     ap.add_argument("--pers", default="1,4", help="layers a program (powers of two dividing the layers)")
     ap.add_argument("--bdvs", default="32,64", help="value columns a program (powers of two >= 16)")
     a = ap.parse_args(argv)
