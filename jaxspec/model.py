@@ -27,12 +27,14 @@ from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm import api as add_norm_api
+from pallas_kernels.gdn_commit import api as gdn_commit_api
+from pallas_kernels.gdn_commit import gdn_commit
 from pallas_kernels.gdn_decode import api as gdn_decode_api
 from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.gdn_tree_inputs import api as gdn_tree_inputs_api
 from pallas_kernels.gdn_tree_inputs import gdn_tree_inputs
 from pallas_kernels import skinny_matmul
-from pallas_kernels.tree_delta_rule import chain_delta_rule, resolve, state_at, states_at, tree_delta_rule
+from pallas_kernels.tree_delta_rule import chain_delta_rule, path_terms, resolve, state_at, tree_delta_rule
 
 CHUNK = 64  # delta-rule block length for chains (prefill); trees run as one block
 
@@ -372,6 +374,15 @@ def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
     return fn(y, history, conv_w, A_log, dt_bias, rows)
 
 
+def _gdn_commit(s0s, w, k, delta, eg, keep):
+    """`gdn_commit` (pallas_kernels/gdn_commit: every GDN layer's state update in a commit); the Pallas kernel
+    (opt-in, JAXSPEC_GDN_COMMIT) runs per shard under a mesh, the jnp reference is partitioned by GSPMD."""
+    _, _, dk, dv = s0s[0].shape
+    if gdn_commit_api.resolve(dk=dk, dv=dv, p=w.shape[2]) != "reference":
+        return sharding.per_shard_commit(gdn_commit, s0s, w, k, delta, eg, keep)
+    return gdn_commit(s0s, w, k, delta, eg, keep)
+
+
 def _tree_delta_rule(q, k, v, g, beta, anc, s0):
     """The Pallas kernels run per shard: under a mesh with a tensor- or data-parallel axis they go through
     shard_map over (batch, heads); the jnp solvers are partitioned by GSPMD like the rest of the model."""
@@ -601,15 +612,16 @@ def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, 
         bases.append(base)
         g_lasts.append(jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0])
         conv.append(jnp.where(keep[:, None, None], conv_window(tree, last, h0, p.conv_in), h0))
-    ssm = []
-    if pending.gdn:     # every GDN layer's state after the last accepted node, in one contraction
+    ssm = state.ssm
+    if pending.gdn:     # every GDN layer's state after the last accepted node, in one update of all layers
         gdn = pending.gdn
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
             nodes, anc_row = path, jnp.arange(reach)[None] < n[:, None]
-        else:                                    # the last node's ancestors among all nodes (its block's, for a chain)
-            in_block = (jnp.arange(nn)[None] // CHUNK == block[:, None]) if tree.chain else True
-            nodes, anc_row = None, jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0] & in_block  # [B,N]
-        s1s = states_at(bases, [p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts,
-                        rep=cfg.linear_num_value_heads // cfg.linear_num_key_heads, nodes=nodes)
-        ssm = [jnp.where(keep[:, None, None, None], s1, s0) for s1, s0 in zip(s1s, state.ssm)]
+        elif tree.chain and nn > CHUNK:          # over the last node's block only (a prefill piece's chain)
+            at = block[:, None] * CHUNK + jnp.arange(CHUNK)[None]                                  # [B, CHUNK]
+            nodes, anc_row = jnp.minimum(at, nn - 1), at <= last[:, None]
+        else:                                    # the last node's ancestors among all nodes
+            nodes, anc_row = None, jnp.take_along_axis(tree.anc, last[:, None, None], 1)[:, 0]      # [B,N]
+        terms = path_terms([p.k for p in gdn], [p.delta for p in gdn], [p.G for p in gdn], anc_row, g_lasts, nodes)
+        ssm = _gdn_commit(bases, *terms, keep)   # a sequence not kept has block 0: its base is its s0
     return State(start + n, keys, values, tuple(conv), tuple(ssm))

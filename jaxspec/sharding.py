@@ -486,6 +486,15 @@ def per_shard_chain(fn, q, k, v, g, beta, s0):
                    (heads4, P(DATA, MODEL)))
 
 
+def per_shard_commit(fn, s0s, w, k, delta, eg, keep):
+    """The commit's GDN state update (s0s: per layer [B,H,Dk,Dv]; w [L,B,P,H]; k [L,B,P,Hk,Dk]; delta
+    [L,B,P,H,Dv]; eg [L,B,H]; keep [B]) run per shard over (data: batch, model: heads)."""
+    state, heads4, heads5 = P(DATA, MODEL), P(None, DATA, None, MODEL), P(None, DATA, None, MODEL, None)
+    states = tuple(state for _ in s0s)
+    return _manual(fn, (tuple(s0s), w, k, delta, eg, keep),
+                   (states, heads4, heads5, heads5, P(None, DATA, MODEL), P(DATA)), states)
+
+
 def vocab_choice(partial, combine, x):
     """The verify op's choice per row of logits x [B, ..., V] sharded as (data, ..., model) on the mesh
     being traced under, run per shard: `partial(rows [R, V / tp], row0, col0)` gives each row's best

@@ -61,7 +61,7 @@ def test_states_at_equals_state_at_per_layer():
     deltas = [jnp.asarray(rng.normal(size=(b, n, h, dv)), jnp.float32) for _ in range(layers)]
     Gs = [jnp.asarray(-np.cumsum(rng.random((b, n, h)), 1), jnp.float32) for _ in range(layers)]
     G_nodes = [G[:, 5] for G in Gs]
-    got = states_at(s0s, ks, deltas, Gs, anc_row, G_nodes, rep=rep)
+    got = states_at(s0s, ks, deltas, Gs, anc_row, G_nodes)
     assert len(got) == layers
     for l in range(layers):
         want = state_at(s0s[l], jnp.repeat(ks[l], rep, 2), deltas[l], Gs[l], anc_row, G_nodes[l])
@@ -87,8 +87,8 @@ def test_states_at_over_listed_nodes_equals_masked():
     deltas = [jnp.asarray(rng.normal(size=(b, n, h, dv)), jnp.float32) for _ in range(layers)]
     Gs = [jnp.asarray(-np.cumsum(rng.random((b, n, h)), 1), jnp.float32) for _ in range(layers)]
     G_nodes = [G[:, 7] for G in Gs]
-    want = states_at(s0s, ks, deltas, Gs, jnp.asarray(anc_row), G_nodes, rep=rep)
-    got = states_at(s0s, ks, deltas, Gs, jnp.asarray(on), G_nodes, rep=rep, nodes=jnp.asarray(nodes))
+    want = states_at(s0s, ks, deltas, Gs, jnp.asarray(anc_row), G_nodes)
+    got = states_at(s0s, ks, deltas, Gs, jnp.asarray(on), G_nodes, nodes=jnp.asarray(nodes))
     for g, w, s0 in zip(got, want, s0s):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         assert not np.allclose(g, s0)

@@ -821,3 +821,27 @@ def test_the_clis_claim_device_memory_before_the_first_device_use(module, argv, 
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert f"FRACTION {S.MEM_FRACTION}" in run.stdout, (run.stdout, run.stderr[-2000:])
+
+
+def test_gdn_commit_runs_per_shard(target_dk16, monkeypatch):
+    """The commit's GDN state update kernel (opt-in; interpreted) under tensor + data parallelism: traced on
+    per-shard states (1 of the 2 sequences, a quarter of the value heads), and greedy AR and an oracle DFlash chain
+    through it equal the unsharded model's tokens without it."""
+    from oracle import OracleChain, reference
+    from pallas_kernels.gdn_commit import api, pallas_triton as kernel_module
+    target = target_dk16
+    rs = np.random.RandomState(6)
+    prompts = [rs.randint(0, 509, size=n).tolist() for n in (7, 12)]
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    ar = Engine(target).generate(prompts, 10).tokens
+    shapes, fn = [], kernel_module.gdn_commit
+    monkeypatch.setattr(kernel_module, "gdn_commit",
+                        lambda s0s, *a, **kw: shapes.append(s0s[0].shape) or fn(s0s, *a, **kw))
+    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
+    mesh = S.make_mesh(4, 2)
+    sharded = S.shard_target(target, mesh)
+    assert Engine(sharded, mesh=mesh).generate(prompts, 10).tokens == ar
+    chain = Engine(sharded, OracleChain(4, 509, ref=reference(prompts, ar, 4)), mesh=mesh)
+    assert chain.generate(prompts, 10, seed=1).tokens == ar
+    cfg = target.cfg
+    assert shapes and {s[:2] for s in shapes} == {(1, cfg.linear_num_value_heads // 4)}, shapes

@@ -8,6 +8,7 @@ through `chain_delta_rule` (chain.py): every block's factors at once, then one p
 
 from pallas_kernels.tree_delta_rule.api import ENV_VAR, IMPLEMENTATIONS, resolve, tree_delta_rule
 from pallas_kernels.tree_delta_rule.chain import chain_delta_rule
-from pallas_kernels.tree_delta_rule.reference import state_at, states_at
+from pallas_kernels.tree_delta_rule.reference import path_terms, state_at, states_at
 
-__all__ = ["tree_delta_rule", "chain_delta_rule", "state_at", "states_at", "resolve", "ENV_VAR", "IMPLEMENTATIONS"]
+__all__ = ["tree_delta_rule", "chain_delta_rule", "path_terms", "state_at", "states_at", "resolve", "ENV_VAR",
+           "IMPLEMENTATIONS"]

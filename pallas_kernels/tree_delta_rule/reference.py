@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.gdn_commit.reference import gdn_commit
+
 _HI = jax.lax.Precision.HIGHEST
 
 
@@ -95,21 +97,18 @@ def state_at(s0, k, delta, G, anc_row, G_node):
     s0 [B,H,Dk,Dv]; k [B,N,Hk,Dk] (each key head serving H / Hk value heads); delta [B,N,H,Dv]; G [B,N,H];
     anc_row [B,N] bool (ancestors of a); G_node [B,H] = G_a.
     """
-    return states_at([s0], [k], [delta], [G], anc_row, [G_node], rep=delta.shape[2] // k.shape[2])[0]
+    return states_at([s0], [k], [delta], [G], anc_row, [G_node])[0]
 
 
-def states_at(s0s, ks, deltas, Gs, anc_row, G_nodes, rep: int = 1, nodes=None):
-    """`state_at` (the formula above) for several layers at once, all after the same node a (one accepted
-    path, anc_row [B,N]): lists of per-layer s0 [B,H,Dk,Dv], k [B,N,H/rep,Dk] (each key head serving `rep`
-    value heads), delta
-    [B,N,H,Dv], G [B,N,H], G_node [B,H]. The updates of all layers are one contraction: one layer's is a
-    tiny product (the real shape: 48 heads of 128 x 128 from at most 65 nodes), and as 48 separate ones they
-    took 0.47 ms of a commit's 0.88 ms on the H200 at ~0.65 TB/s
-    (bench/results/2026-11-30-h200-verify-profile/h-8d1c1e2/commit65.log).
+def path_terms(ks, deltas, Gs, anc_row, G_nodes, nodes=None):
+    """The terms of `state_at`'s sum for several layers at once, all after the same node a (one accepted path,
+    anc_row [B,N]), from lists of per-layer k [B,N,Hk,Dk], delta [B,N,H,Dv], G [B,N,H] and G_node [B,H]:
+    w [L,B,N,H] = anc_row e^{G_a - G} (0 off the path), k [L,B,N,Hk,Dk], delta [L,B,N,H,Dv] and e^{G_a} [L,B,H],
+    what pallas_kernels/gdn_commit folds into every layer's state.
 
-    nodes [B,P] (optional): contract over these nodes only, anc_row [B,P] then marking which of them count
-    (an accepted path of at most P nodes in a tree of N > P: a DDTree of 64 nodes drafted 15 deep has paths
-    of at most 16 nodes, so the product shrinks from 65 terms to 16)."""
+    nodes [B,P] (optional): these nodes only, anc_row [B,P] then marking which of them count (an accepted path of
+    at most P nodes in a tree of N > P: a DDTree of 64 nodes drafted 15 deep has paths of at most 16 nodes, so
+    the update's product shrinks from 65 terms to 16)."""
     G, G_node = jnp.stack(Gs), jnp.stack(G_nodes)                                   # [L,B,N,H], [L,B,H]
     k, delta = jnp.stack(ks), jnp.stack(deltas)
     if nodes is not None:
@@ -117,9 +116,17 @@ def states_at(s0s, ks, deltas, Gs, anc_row, G_nodes, rep: int = 1, nodes=None):
         G, k, delta = take(G), take(k), take(delta)
     a = anc_row[None, ..., None]
     w = jnp.where(a, jnp.exp(jnp.where(a, G_node[:, :, None] - G, 0.0)), 0.0)
-    k = jnp.repeat(k.astype(jnp.float32), rep, 3)
-    upd = jnp.einsum("lbnh,lbnhk,lbnhv->lbhkv", w, k, delta, precision=_HI)
-    return [jnp.exp(gn)[..., None, None] * s0 + u for s0, gn, u in zip(s0s, G_nodes, upd)]
+    return w, k, delta, jnp.exp(G_node)
+
+
+def states_at(s0s, ks, deltas, Gs, anc_row, G_nodes, nodes=None):
+    """`state_at` for several layers at once, all after the same node a: lists of per-layer s0 [B,H,Dk,Dv] and
+    `path_terms`' arguments. The updates of all layers are one contraction (gdn_commit's reference): one layer's
+    is a tiny product (the real shape: 48 heads of 128 x 128 from at most 65 nodes), and as 48 separate ones
+    they took 0.47 ms of a commit's 0.88 ms on the H200 at ~0.65 TB/s
+    (bench/results/2026-11-30-h200-verify-profile/h-8d1c1e2/commit65.log)."""
+    keep = jnp.ones(s0s[0].shape[:1], bool)
+    return list(gdn_commit(s0s, *path_terms(ks, deltas, Gs, anc_row, G_nodes, nodes), keep))
 
 
 def recurrent_reference(q, k, v, g, beta, s0):

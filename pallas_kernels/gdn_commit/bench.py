@@ -1,0 +1,78 @@
+"""Time the commit's GDN state update at the real shape: XLA's (the reference: one contraction, then a fusion a
+layer) against the kernel's tilings, the states donated as in the engine's round loop.
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.gdn_commit.bench [--paths 1,16,64] [--json out.json]
+
+Per path length (1: an AR step; 16: a DFlash block or a DDTree(64) path; 64: a prefill block): each variant's
+device time a call (bench.profile.device_time: the kernels' summed durations, which is what the update adds to a
+round), its kernels, its largest error against the reference relative to max |S1|, and its compile time.
+On a CPU (a check of the harness) the kernel runs in interpret mode at a small shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import profile
+from bench.cli import at_least, writable_file
+from bench.harness import parse_contexts, write_results
+from pallas_kernels import dispatch
+from pallas_kernels.gdn_commit import pallas_triton, reference
+from pallas_kernels.gdn_commit.arg_specs import REAL, make_inputs
+
+
+def threaded(step, args):
+    """A call that feeds each result's states back in as the next call's (donated) states."""
+    box = [tuple(jnp.copy(s) for s in args[0])]
+
+    def run():
+        box[0] = step(box[0], *args[1:])
+        return box[0]
+    return run
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--paths", default="1,16,64", help="path lengths (comma-separated)")
+    p.add_argument("--iters", type=at_least(1), default=20, help="calls in the profiled trace")
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    a = dispatch.parse_args(p, argv)
+    paths = parse_contexts(p, "--paths", a.paths, "path lengths")
+    writable_file(p, "--json", a.json)
+    on_gpu = jax.default_backend() == "gpu"
+    shape = REAL if on_gpu else dict(layers=4, b=1, h=4, hk=2, dk=32, dv=32)
+    impls = {"reference": reference.gdn_commit}
+    for per, bdv, prec in ((4, 32, "tf32x3"), (1, 32, "tf32x3"), (4, 64, "tf32x3"), (4, 32, "ieee")):
+        impls[f"pallas_triton/per{per}/bdv{bdv}/{prec}"] = (
+            lambda *x, per=per, bdv=bdv, prec=prec: pallas_triton.gdn_commit(
+                *x, per=per, block_dv=bdv, precision=prec, interpret=not on_gpu))
+    rows = []
+    for n in paths:
+        args = make_inputs(0, **(shape | dict(p=n)))
+        want = None
+        for name, fn in impls.items():
+            step = jax.jit(fn, donate_argnums=0)
+            t0 = time.perf_counter()
+            got = [np.asarray(x) for x in step(tuple(jnp.copy(s) for s in args[0]), *args[1:])]
+            compile_s = time.perf_counter() - t0
+            want = got if want is None else want
+            err = max(float(np.abs(g - r).max()) for g, r in zip(got, want)) / max(float(np.abs(r).max())
+                                                                                  for r in want)
+            dev = profile.device_time(threaded(step, args), a.iters)
+            row = dict(path=n, impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3,
+                       kernels=dev.get("kernels"), rel_err_vs_reference=err, compile_s=compile_s, **shape)
+            rows.append(row)
+            print(f"P={n:3d} {name:36s} {row['device_us']:8.1f} us  {row['kernels']} kernels  err {err:.1e}  "
+                  f"compile {compile_s:.1f} s", flush=True)
+    if a.json:
+        write_results(a.json, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
