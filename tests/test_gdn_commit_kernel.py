@@ -88,6 +88,8 @@ def test_dispatch(monkeypatch):
     assert api.resolve(dk=16, dv=16, p=16) == "pallas_interpret"
     assert api.resolve(dk=8, dv=16, p=16) == "reference"         # head dims the kernel does not take
     assert api.resolve(dk=16, dv=16, p=65) == "reference"        # a path longer than the kernel's dot takes
+    assert api.resolve(dk=16, dv=16, p=1) == "reference"         # an AR step: XLA's update is shorter
+    assert api.resolve("pallas_interpret", dk=16, dv=16, p=1) == "pallas_interpret"
     assert api.resolve("pallas_interpret", dk=8, dv=16) == "pallas_interpret"   # named: the kernel refuses them
 
 

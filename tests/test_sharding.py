@@ -825,8 +825,8 @@ def test_the_clis_claim_device_memory_before_the_first_device_use(module, argv, 
 
 def test_gdn_commit_runs_per_shard(target_dk16, monkeypatch):
     """The commit's GDN state update kernel (opt-in; interpreted) under tensor + data parallelism: traced on
-    per-shard states (1 of the 2 sequences, a quarter of the value heads), and greedy AR and an oracle DFlash chain
-    through it equal the unsharded model's tokens without it."""
+    per-shard states (1 of the 2 sequences, a quarter of the value heads) for an oracle DFlash chain's commits
+    (AR's path of one node stays on the reference), whose tokens equal the unsharded model's greedy AR without it."""
     from oracle import OracleChain, reference
     from pallas_kernels.gdn_commit import api, pallas_triton as kernel_module
     target = target_dk16

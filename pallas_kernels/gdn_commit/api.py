@@ -7,11 +7,12 @@
 | "pallas_interpret" | the kernel's body run by the CPU interpreter           | never (tests)    |
 
 JAXSPEC_GDN_COMMIT (read when the model is traced) forces one. The kernel is opt-in: its CPU tests pass (interpret
-mode, the Triton lowering for an abstract H200), and its prototype took the update from 355 to 198 us on an H100
-(session 75), but it has not run its GPU tests, nor been timed in a whole round on the H200. Under a mesh the
-kernel runs per shard (jaxspec/sharding.py per_shard_commit). Head dims the kernel does not take (not powers of
-two >= 16) and paths of more than 64 nodes run the reference unless `implementation=` names the kernel, which
-then refuses them.
+mode, the Triton lowering for an abstract H200) and its 3 GPU tests on an H100, where it took the update after a
+path of 16 from 328.6 to 176.1 us (bench.py, session 75: bench/results/2026-12-07-h100-s75/call3/); it has not yet
+been timed in a whole round, nor run the engine's GPU tests. Under a mesh the kernel runs per shard
+(jaxspec/sharding.py per_shard_commit). Head dims the kernel does not take (not powers of two >= 16), paths of
+more than 64 nodes and an AR step's path of one run the reference unless `implementation=` names the kernel,
+which then refuses the first two.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ IMPLEMENTATIONS = ("pallas_triton", "reference", "pallas_interpret")
 
 def resolve(implementation: str | None = None, dk: int | None = None, dv: int | None = None, p: int = 1) -> str:
     """The implementation the model's commit runs; for head dims or a path length (p nodes) the kernel does not
-    take, the reference unless `implementation` names the kernel."""
+    take, and for an AR step's path of one node (XLA's update took 122.7 us there against the kernel's 165.0 on an
+    H100, session 75), the reference unless `implementation` names the kernel."""
     name = dispatch.resolve(ENV_VAR, IMPLEMENTATIONS, "reference", implementation)
     if (name != "reference" and implementation is None and None not in (dk, dv)
-            and not pallas_triton.supports(dk, dv, p)):
+            and (p < 2 or not pallas_triton.supports(dk, dv, p))):
         return "reference"
     return name
 
