@@ -2,7 +2,8 @@
 # Session 75 (either card, ~6 min on the real shape; predictions in bench/NOTES.md "## Session 75"):
 #   1. session 74's profiler fix: accept + commit by part after a verify of a chain of 16 and of a tree of 64, the
 #      state now donated (bench.verify_profile --commit): no MemcpyD2D left;
-#   2. the commit's GDN state update as one Pallas kernel over all layers against XLA's (k_commit_fused.py).
+#   2. the commit's GDN state update as one Pallas kernel over all layers against XLA's (k_commit_fused.py, a
+#      prototype removed once it became pallas_kernels/gdn_commit: `git show a18473d:bench/next/k_commit_fused.py`).
 #   OUT=... bash bench/next/s75.sh        (writes $OUT/s75.tgz, and $OUT/commit_fused.json as it goes)
 #   dry run: CONFIG=tiny JAX_PLATFORMS=cpu PY=.venv/bin/python OUT=... bash bench/next/s75.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 75's second call (either card, ~5 min): k_commit_fused.py's forms that compile in reasonable time. The
+# Session 75's second call (either card, ~5 min): k_commit_fused.py's forms that compile in reasonable time (the
+# prototype, since removed: `git show a18473d:bench/next/k_commit_fused.py`; now pallas_kernels/gdn_commit). The
 # first call (s75.sh) showed "fma" (unrolled) at 207.6 us against XLA's 343.4 on an H100, but 314 s to compile.
 #   OUT=... bash bench/next/s75b.sh     (writes $OUT/a/commit_fused.json, $OUT/b/commit_fused.json and logs)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}

@@ -6,7 +6,7 @@ then 48 fusions that read U and S0 back and write S1: ~600 MB and 49 kernels; 34
 a tree's path of 16 on an H100 (session 75, bench/results/2026-12-07-h100-s75/). Here a program per (sequence,
 value head, `block_dv` value columns, `per` layers) reads each of its layers' S0 tile, the path's k and w * Delta
 rows, and writes S1 over S0 (input_output_aliases: pass donated states, or XLA copies them first): ~300 MB, one
-kernel. The prototype of this kernel (bench/next/k_commit_fused.py at 9f26d4b..a18473d) took 198 us at the tree's
+kernel. The prototype of this kernel (bench/next/k_commit_fused.py, at a18473d) took 198 us at the tree's
 path with tf32x3 dots, 4 layers a program and 32 columns; its chain of 16 paid 48 transposes of k that XLA split
 off the stack (270 us), which this kernel avoids by contracting k's node dim in the dot itself.
 
