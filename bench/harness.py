@@ -469,7 +469,7 @@ def make_decode_step(graphdef, cfg: TargetConfig, batch: int):
         tr = chain(batch, 1)
         logits, _, state, pending = model(token, state, tr)
         with jax.named_scope("commit"):
-            state = M.commit(cfg, state, pending, tr, jnp.zeros((batch, 1), jnp.int32), jnp.ones((batch,), jnp.int32))
+            state = M.commit(state, pending, tr, jnp.zeros((batch, 1), jnp.int32), jnp.ones((batch,), jnp.int32))
         return state, jnp.argmax(logits[:, 0], -1).astype(jnp.int32)[:, None]
     return decode_step
 
@@ -554,7 +554,7 @@ def make_parts(graphdef, cfg: TargetConfig, batch: int):
                 x, li = x + h, li + 1
                 pend.append(p)
         with jax.named_scope("commit"):
-            st = M.commit(cfg, M.State(length, (), (), conv, ssm), M.Pending(tuple(pend)), tr, zeros, ones)
+            st = M.commit(M.State(length, (), (), conv, ssm), M.Pending(tuple(pend)), tr, zeros, ones)
         return x, st.conv, st.ssm
 
     def head(params, x, token):

@@ -461,7 +461,7 @@ def main(argv=None):
 
             def accept_commit(tp, st, pend, tr, toks, lg):
                 path, n, bonus = accept(tr, toks, choose(None, lg, Sampling()))
-                return M.commit(cfg, st, pend, tr, path, n), bonus
+                return M.commit(st, pend, tr, path, n), bonus
             ac = memo("accept_commit", lambda: jax.jit(accept_commit, donate_argnums=(1,)))
 
             def verify_phases(toks, tr, name):

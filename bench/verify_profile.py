@@ -78,7 +78,7 @@ def main(argv=None):
 
         def accept_commit(st, pend, tr, toks, logits):
             path, n, bonus = accept(tr, toks, choose(None, logits, Sampling()))
-            return M.commit(cfg, st, pend, tr, path, n), bonus
+            return M.commit(st, pend, tr, path, n), bonus
 
         # The state is donated and threaded from call to call, as in the engine's round loop: an undonated one
         # is first copied whole (the KV caches: 32 copies, ~0.1 ms at 1K on an H100, bench/results/2026-12-07-h100-s74).

@@ -427,7 +427,7 @@ class Engine:
         else:
             path, n, bonus = accept(tr, tokens, choose(k_accept, logits, self.sampling))
         n_commit = jnp.where(d.done, 0, n)  # finished sequences keep their state
-        state = commit(self.cfg, state, pend, tr, path, n_commit)
+        state = commit(state, pend, tr, path, n_commit)
         draft = self.spec.update(params[1], model, draft, taps, path, n_commit)
         # Emitted this round: the accepted drafts (path[1:n]) then the bonus.
         b, nn = path.shape

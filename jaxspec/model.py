@@ -578,7 +578,7 @@ def init_state(cfg: TargetConfig, batch: int, max_len: int) -> State:
     )
 
 
-def commit(cfg: TargetConfig, state: State, pending: Pending, tree: Tree, path, n) -> State:
+def commit(state: State, pending: Pending, tree: Tree, path, n) -> State:
     """Fold an accepted root-to-node path into the state.
 
     path [B, P]: node indices of the accepted path (path[:, k] has depth k), valid for k < n [B]; P <= N

@@ -108,7 +108,7 @@ def jitted(model):
     def fwd(params, tokens, state, tree, taps=()):
         return nnx.merge(graphdef, params)(tokens, state, tree, taps=taps)
 
-    com = jax.jit(functools.partial(commit, model.cfg))
+    com = jax.jit(commit)
     return (lambda tokens, state, tree, taps=(): fwd(params, tokens, state, tree, taps=taps)), com
 
 

@@ -249,7 +249,7 @@ def test_tree_commit_moves_kv_rows_in_place(tiny_hf):
     tr = trees.from_parents(parent)
     _, _, st, pend = fwd(jnp.arange(8)[None], init_state(model.cfg, 1, slots), tr)
     path = jnp.asarray([[0, 2, 4, 6, 0][:tr.longest_path]])
-    com = jax.jit(functools.partial(commit, model.cfg, tree=tr), donate_argnums=(0,))
+    com = jax.jit(functools.partial(commit, tree=tr), donate_argnums=(0,))
     text = com.lower(st, pend, path=path, n=jnp.asarray([4])).compile().as_text()
     copies = [ln for ln in text.splitlines() if re.search(rf"\b{slots}\b[^=]*\b(copy|copy-start)\(", ln)]
     assert any(re.search(rf"\b{slots}\b.*scatter", ln) for ln in text.splitlines())     # the move is compiled
