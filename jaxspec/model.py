@@ -27,6 +27,8 @@ from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
 from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.add_rms_norm import api as add_norm_api
+from pallas_kernels.conv_commit import api as conv_commit_api
+from pallas_kernels.conv_commit import conv_commit
 from pallas_kernels.gdn_commit import api as gdn_commit_api
 from pallas_kernels.gdn_commit import gdn_commit
 from pallas_kernels.gdn_decode import api as gdn_decode_api
@@ -295,8 +297,8 @@ class GatedDeltaNet(nnx.Module):
         else:
             o, s1 = delta_rule(q, k, v, g, beta, tree, s0, commit_n)
             last = jnp.maximum(commit_n - 1, 0)
-            h1 = conv_window(tree, last, history, conv_in)
-            after = (jnp.where((commit_n > 0)[:, None, None], h1, history), s1)
+            (h1,) = _conv_commit((history,), (conv_in,), window_rows(tree, last, kw - 1), commit_n > 0)
+            after = (h1, s1)
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
         return self.out_proj(o.reshape(b, n, cfg.value_dim)), after
@@ -335,14 +337,11 @@ def window_index(tree: Tree, distance: int, hist: int):
     return jnp.where(anc >= 0, hist + anc, hist + tree.depth - distance)
 
 
-def conv_window(tree: Tree, last, history, conv_in):
-    """The conv history after node last [B]: its window of the last K-1 pre-conv inputs, from the committed
-    history [B, K-1, C] and the nodes' conv_in [B, N, C]."""
-    hist = history.shape[1]
+def window_rows(tree: Tree, last, hist: int):
+    """The rows of concat(history[hist], nodes[N]) that make the conv history after node last [B]: its window of
+    the last `hist` pre-conv inputs, oldest first. [B, hist] int32."""
     win = jnp.stack([window_index(tree, d, hist) for d in range(hist - 1, -1, -1)], 1)  # [B,hist,N]
-    win = jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0]      # [B,hist]
-    ext = jnp.concatenate([history.astype(conv_in.dtype), conv_in], 1)
-    return jnp.take_along_axis(ext, win[..., None], 1).astype(history.dtype)
+    return jnp.take_along_axis(win, last[:, None, None].repeat(hist, 1), 2)[..., 0].astype(jnp.int32)
 
 
 def cached_tree_attention(q, keys, values, start, anc):
@@ -372,6 +371,14 @@ def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
     if gdn_tree_inputs_api.resolve(y.shape[1], dk, dv) != "reference":
         return sharding.per_shard_gdn_tree_inputs(fn, y, history, conv_w, A_log, dt_bias, rows)
     return fn(y, history, conv_w, A_log, dt_bias, rows)
+
+
+def _conv_commit(hists, conv_ins, win, keep):
+    """`conv_commit` (pallas_kernels/conv_commit: every GDN layer's conv history after a commit); the Pallas kernel
+    (opt-in, JAXSPEC_CONV_COMMIT) runs per shard under a mesh, the jnp reference is partitioned by GSPMD."""
+    if conv_commit_api.resolve() != "reference":
+        return sharding.per_shard_conv_commit(conv_commit, hists, conv_ins, win, keep)
+    return conv_commit(hists, conv_ins, win, keep)
 
 
 def _gdn_commit(s0s, w, k, delta, eg, keep):
@@ -603,18 +610,18 @@ def commit(state: State, pending: Pending, tree: Tree, path, n) -> State:
         keys, values = tuple(map(move, keys)), tuple(map(move, values))
 
     block = last // CHUNK if tree.chain else jnp.zeros_like(last)
-    conv, bases, g_lasts = [], [], []
-    for s0, h0, p in zip(state.ssm, state.conv, pending.gdn):
+    bases, g_lasts = [], []
+    for s0, p in zip(state.ssm, pending.gdn):
         base = s0
         if p.s_mid.shape[1]:
             mids = jnp.concatenate([s0[:, None], p.s_mid], 1)
             base = jnp.take_along_axis(mids, block[:, None, None, None, None], 1)[:, 0]
         bases.append(base)
         g_lasts.append(jnp.take_along_axis(p.G, last[:, None, None], 1)[:, 0])
-        conv.append(jnp.where(keep[:, None, None], conv_window(tree, last, h0, p.conv_in), h0))
-    ssm = state.ssm
-    if pending.gdn:     # every GDN layer's state after the last accepted node, in one update of all layers
+    conv, ssm = state.conv, state.ssm
+    if pending.gdn:     # every GDN layer's conv history and state after the last accepted node, each in one update
         gdn = pending.gdn
+        conv = _conv_commit(conv, [p.conv_in for p in gdn], window_rows(tree, last, conv[0].shape[1]), keep)
         if not tree.chain and reach < nn:        # over the path's nodes only, not every node of the tree
             nodes, anc_row = path, jnp.arange(reach)[None] < n[:, None]
         elif tree.chain and nn > CHUNK:          # over the last node's block only (a prefill piece's chain)

@@ -495,6 +495,14 @@ def per_shard_commit(fn, s0s, w, k, delta, eg, keep):
                    (states, heads4, heads5, heads5, P(None, DATA, MODEL), P(DATA)), states)
 
 
+def per_shard_conv_commit(fn, hists, conv_ins, win, keep):
+    """The commit's conv-history update (hists: per layer [B,K-1,C]; conv_ins: per layer [B,N,C]; win [B,K-1];
+    keep [B]) run per shard over (data: batch, model: GDN channels, stored per key-head group)."""
+    chans = P(DATA, None, MODEL)
+    hs = tuple(chans for _ in hists)
+    return _manual(fn, (tuple(hists), tuple(conv_ins), win, keep), (hs, hs, P(DATA), P(DATA)), hs)
+
+
 def vocab_choice(partial, combine, x):
     """The verify op's choice per row of logits x [B, ..., V] sharded as (data, ..., model) on the mesh
     being traced under, run per shard: `partial(rows [R, V / tp], row0, col0)` gives each row's best

@@ -19,9 +19,9 @@ import jax
 
 # Every JAXSPEC_* environment variable jaxspec reads. One set but not listed here (a misspelling, or a flag since
 # removed) is refused by `check_flags`: it would choose nothing, yet a result's `flags()` would record it.
-OP_FLAGS = ("JAXSPEC_ADD_RMS_NORM", "JAXSPEC_CHAIN_ATTENTION", "JAXSPEC_GDN_COMMIT", "JAXSPEC_GDN_DECODE",
-            "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_NUCLEUS_MASS", "JAXSPEC_SKINNY_MATMUL", "JAXSPEC_TREE_ATTENTION",
-            "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_VERIFY")
+OP_FLAGS = ("JAXSPEC_ADD_RMS_NORM", "JAXSPEC_CHAIN_ATTENTION", "JAXSPEC_CONV_COMMIT", "JAXSPEC_GDN_COMMIT",
+            "JAXSPEC_GDN_DECODE", "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_NUCLEUS_MASS", "JAXSPEC_SKINNY_MATMUL",
+            "JAXSPEC_TREE_ATTENTION", "JAXSPEC_TREE_DELTA_RULE", "JAXSPEC_VERIFY")
 CHOICE_FLAGS = OP_FLAGS + ("JAXSPEC_DDTREE_TOP_K",      # jaxspec/ddtree.py: the tree build's top-k
                            "JAXSPEC_LOOP_GRAPHS")       # jaxspec/engine.py: the round loops as CUDA graphs
 OTHER_FLAGS = ("JAXSPEC_COMMIT", "JAXSPEC_DIRTY",       # jaxspec/provenance.py: a run's commit, from a snapshot

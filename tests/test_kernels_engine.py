@@ -19,6 +19,7 @@ from kernel_tests import on_gpu
 from oracle import OracleChain, OracleTree, reference
 from pallas_kernels.add_rms_norm import pallas_triton as add_norm_kernel
 from pallas_kernels.chain_attention import api as chain_api
+from pallas_kernels.conv_commit import pallas_triton as conv_commit_kernel
 from pallas_kernels.gdn_commit import pallas_triton as gdn_commit_kernel
 from pallas_kernels.gdn_decode import pallas_triton as gdn_decode_kernel
 from pallas_kernels.gdn_tree_inputs import pallas_triton as gdn_inputs_kernel
@@ -29,7 +30,7 @@ from pallas_kernels.verify import pallas_triton as verify_kernel
 
 FLAGS = ("JAXSPEC_TREE_ATTENTION", "JAXSPEC_CHAIN_ATTENTION", "JAXSPEC_VERIFY", "JAXSPEC_TREE_DELTA_RULE",
          "JAXSPEC_GDN_DECODE", "JAXSPEC_GDN_TREE_INPUTS", "JAXSPEC_ADD_RMS_NORM", "JAXSPEC_SKINNY_MATMUL",
-         "JAXSPEC_GDN_COMMIT")
+         "JAXSPEC_GDN_COMMIT", "JAXSPEC_CONV_COMMIT")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,8 @@ def _count_traces(monkeypatch):
                          (verify_kernel, "gumbel_partial"), (gdn_decode_kernel, "gdn_decode"),
                          (gdn_inputs_kernel, "gdn_tree_inputs"),
                          (add_norm_kernel, "add_rms_norm"),
-                         (matmul_kernel, "matmul"), (gdn_commit_kernel, "gdn_commit")):
+                         (matmul_kernel, "matmul"), (gdn_commit_kernel, "gdn_commit"),
+                         (conv_commit_kernel, "conv_commit")):
         def counting(*a, _fn=getattr(module, name), _name=name, **kw):
             traced[_name] = traced.get(_name, 0) + 1
             return _fn(*a, **kw)
@@ -90,7 +92,7 @@ def _check(baseline, monkeypatch, implementation):
     assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
     split = {"prefix_partials"} if implementation == "pallas_interpret" else set()
     assert set(traced) == {"tree_attention", "tree_delta_rule", "state_pass", "gumbel_partial", "gdn_decode",
-                           "gdn_tree_inputs", "add_rms_norm", "matmul", "gdn_commit"} | split, traced
+                           "gdn_tree_inputs", "add_rms_norm", "matmul", "gdn_commit", "conv_commit"} | split, traced
 
 
 @pytest.mark.slow
@@ -125,7 +127,7 @@ def test_interpreted_kernels_keep_speculative_rounds_lossless(tiny_hf, monkeypat
     assert out.tokens == ar
     assert int(np.asarray(out.final.draft["off_spine"]).sum()) > 0, "no sibling branch was accepted"
     assert set(traced) == {"tree_attention", "prefix_partials", "tree_delta_rule", "gumbel_partial", "gdn_decode",
-                           "gdn_tree_inputs", "add_rms_norm", "matmul", "gdn_commit"}, traced
+                           "gdn_tree_inputs", "add_rms_norm", "matmul", "gdn_commit", "conv_commit"}, traced
 
 
 def _prefill_past_the_cache_end(tiny_hf, monkeypatch, implementation):

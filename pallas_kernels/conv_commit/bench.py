@@ -1,0 +1,71 @@
+"""Time the commit's conv-history update at the real shape: XLA's (the reference: a gather a layer, and a copy of
+each donated history) against the kernel's tilings, the histories donated as in the engine's round loop.
+
+    JAX_PLATFORMS=cuda python -m pallas_kernels.conv_commit.bench [--json out.json]
+
+Each variant's device time a call (bench.profile.device_time: the kernels' summed durations, what the update adds
+to a round), its kernels, whether it equals the reference, and its compile time. On a CPU (a check of the harness)
+the kernel runs in interpret mode at a small shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import profile
+from bench.cli import at_least, writable_file
+from bench.harness import write_results
+from pallas_kernels import dispatch
+from pallas_kernels.conv_commit import pallas_triton, reference
+from pallas_kernels.conv_commit.arg_specs import REAL, make_inputs
+
+
+def threaded(step, args):
+    """A call that feeds each result's histories back in as the next call's (donated) histories."""
+    box = [tuple(jnp.copy(h) for h in args[0])]
+
+    def run():
+        box[0] = step(box[0], *args[1:])
+        return box[0]
+    return run
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=at_least(1), default=20, help="calls in the profiled trace")
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    a = dispatch.parse_args(p, argv)
+    writable_file(p, "--json", a.json)
+    on_gpu = jax.default_backend() == "gpu"
+    shape = REAL if on_gpu else dict(layers=4, b=1, km1=3, n=4, c=64)
+    impls = {"reference": reference.conv_commit}
+    for per, bc in ((1, 1024), (4, 1024), (1, 256), (4, 2048)):
+        impls[f"pallas_triton/per{per}/bc{bc}"] = (
+            lambda *x, per=per, bc=bc: pallas_triton.conv_commit(*x, per=per, block_c=bc, interpret=not on_gpu))
+    args = make_inputs(0, **shape)
+    rows, want = [], None
+    for name, fn in impls.items():
+        step = jax.jit(fn, donate_argnums=0)
+        t0 = time.perf_counter()
+        got = [np.asarray(x.astype(jnp.float32)) for x in step(tuple(jnp.copy(h) for h in args[0]), *args[1:])]
+        compile_s = time.perf_counter() - t0
+        want = got if want is None else want
+        same = all(np.array_equal(g, r) for g, r in zip(got, want))
+        dev = profile.device_time(threaded(step, args), a.iters)
+        row = dict(impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3, kernels=dev.get("kernels"),
+                   equal_to_reference=same, compile_s=compile_s, **shape)
+        rows.append(row)
+        print(f"{name:30s} {row['device_us']:8.1f} us  {row['kernels']} kernels  equal {same}  "
+              f"compile {compile_s:.1f} s", flush=True)
+    if a.json:
+        write_results(a.json, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
