@@ -845,3 +845,27 @@ def test_gdn_commit_runs_per_shard(target_dk16, monkeypatch):
     assert chain.generate(prompts, 10, seed=1).tokens == ar
     cfg = target.cfg
     assert shapes and {s[:2] for s in shapes} == {(1, cfg.linear_num_value_heads // 4)}, shapes
+
+
+def test_conv_commit_runs_per_shard(target_dk16, monkeypatch):
+    """The commit's conv-history kernel (opt-in; interpreted) under tensor + data parallelism: traced on per-shard
+    histories (1 of the 2 sequences, a quarter of the channels: whole key-head groups) for AR's and an oracle
+    DFlash chain's commits, whose tokens equal the unsharded model's greedy AR without it."""
+    from oracle import OracleChain, reference
+    from pallas_kernels.conv_commit import api, pallas_triton as kernel_module
+    target = target_dk16
+    rs = np.random.RandomState(16)
+    prompts = [rs.randint(0, 509, size=n).tolist() for n in (7, 12)]
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    ar = Engine(target).generate(prompts, 10).tokens
+    shapes, fn = [], kernel_module.conv_commit
+    monkeypatch.setattr(kernel_module, "conv_commit",
+                        lambda hists, *a, **kw: shapes.append(hists[0].shape) or fn(hists, *a, **kw))
+    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
+    mesh = S.make_mesh(4, 2)
+    sharded = S.shard_target(target, mesh)
+    assert Engine(sharded, mesh=mesh).generate(prompts, 10).tokens == ar
+    chain = Engine(sharded, OracleChain(4, 509, ref=reference(prompts, ar, 4)), mesh=mesh)
+    assert chain.generate(prompts, 10, seed=1).tokens == ar
+    cfg = target.cfg
+    assert shapes and {(s[0], s[2]) for s in shapes} == {(1, cfg.conv_dim // 4)}, shapes
