@@ -383,7 +383,7 @@ def _conv_commit(hists, conv_ins, win, keep):
 
 def _gdn_commit(s0s, w, k, delta, eg, keep):
     """`gdn_commit` (pallas_kernels/gdn_commit: every GDN layer's state update in a commit); the Pallas kernel
-    (opt-in, JAXSPEC_GDN_COMMIT) runs per shard under a mesh, the jnp reference is partitioned by GSPMD."""
+    (the GPU default, JAXSPEC_GDN_COMMIT) runs per shard under a mesh, the jnp reference is partitioned by GSPMD."""
     _, _, dk, dv = s0s[0].shape
     if gdn_commit_api.resolve(dk=dk, dv=dv, p=w.shape[2]) != "reference":
         return sharding.per_shard_commit(gdn_commit, s0s, w, k, delta, eg, keep)

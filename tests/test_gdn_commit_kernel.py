@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kernel_tests import check_dispatch, on_gpu
+from pallas_kernels import dispatch
 from pallas_kernels.gdn_commit import api, pallas_triton, reference
 from pallas_kernels.gdn_commit.arg_specs import REAL, make_inputs
 
@@ -83,7 +84,13 @@ def test_triton_lowering():
 
 
 def test_dispatch(monkeypatch):
-    check_dispatch(api, monkeypatch)                   # opt-in: the reference on a GPU too
+    check_dispatch(api, monkeypatch, gpu_default="pallas_triton")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    assert api.resolve(dk=16, dv=16, p=16) == "pallas_triton"     # the GPU default
+    assert api.resolve(dk=16, dv=16, p=1) == "reference"          # but not for an AR step
+    with dispatch.differentiable():                               # a traced loss: the jnp form
+        assert api.resolve(dk=16, dv=16, p=16) == "reference"
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     assert api.resolve(dk=16, dv=16, p=16) == "pallas_interpret"
     assert api.resolve(dk=8, dv=16, p=16) == "reference"         # head dims the kernel does not take
