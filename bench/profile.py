@@ -24,6 +24,8 @@ import re
 import shutil
 import tempfile
 
+import jax.numpy as jnp
+
 from bench.cli import at_least, exit_with, writable_file, write_json
 from pallas_kernels import dispatch
 
@@ -205,6 +207,17 @@ def device_time(run_step, steps: int = 5) -> dict:
         devices = device_numbers(xplane)
         per_device = [load_events(xplane, device=d)[0] for d in devices] if devices else [load_events(xplane)[0]]
     return busiest(per_device, steps)
+
+
+def threaded(step, args):
+    """A call of step(*args) for `device_time` that feeds each result back in as the next call's first argument (a
+    tuple of arrays the step donates, as the engine's round loop carries its state); the first call gets copies."""
+    box = [tuple(jnp.copy(x) for x in args[0])]
+
+    def run():
+        box[0] = step(box[0], *args[1:])
+        return box[0]
+    return run
 
 
 def busiest(per_device: list[list[tuple]], steps: int) -> dict:

@@ -6,6 +6,7 @@ The tiny target has 8 query heads, 2 kv heads, 8 GDN key heads (16 value heads) 
 509: TP 2 splits the kv heads, TP 4 and 8 repeat them, and every degree pads the vocabulary."""
 
 import collections
+import importlib
 import json
 import re
 
@@ -823,20 +824,22 @@ def test_the_clis_claim_device_memory_before_the_first_device_use(module, argv, 
     assert f"FRACTION {S.MEM_FRACTION}" in run.stdout, (run.stdout, run.stderr[-2000:])
 
 
-def test_gdn_commit_runs_per_shard(target_dk16, monkeypatch):
-    """The commit's GDN state update kernel (opt-in; interpreted) under tensor + data parallelism: traced on
-    per-shard states (1 of the 2 sequences, a quarter of the value heads) for an oracle DFlash chain's commits
-    (AR's path of one node stays on the reference), whose tokens equal the unsharded model's greedy AR without it."""
+@pytest.mark.parametrize("op", ["gdn_commit", "conv_commit"])
+def test_commit_kernels_run_per_shard(target_dk16, monkeypatch, op):
+    """The commit's kernels (interpreted) under tensor + data parallelism: gdn_commit traced on per-shard states (1
+    of the 2 sequences, a quarter of the value heads) for an oracle DFlash chain's commits (AR's path of one node
+    stays on the reference), conv_commit on per-shard histories (1 sequence, a quarter of the channels: whole
+    key-head groups) for AR's and the chain's; the tokens equal the unsharded model's greedy AR without them."""
     from oracle import OracleChain, reference
-    from pallas_kernels.gdn_commit import api, pallas_triton as kernel_module
+    api = importlib.import_module(f"pallas_kernels.{op}.api")
+    kernel_module = importlib.import_module(f"pallas_kernels.{op}.pallas_triton")
     target = target_dk16
     rs = np.random.RandomState(6)
     prompts = [rs.randint(0, 509, size=n).tolist() for n in (7, 12)]
     monkeypatch.delenv(api.ENV_VAR, raising=False)
     ar = Engine(target).generate(prompts, 10).tokens
-    shapes, fn = [], kernel_module.gdn_commit
-    monkeypatch.setattr(kernel_module, "gdn_commit",
-                        lambda s0s, *a, **kw: shapes.append(s0s[0].shape) or fn(s0s, *a, **kw))
+    shapes, fn = [], getattr(kernel_module, op)
+    monkeypatch.setattr(kernel_module, op, lambda xs, *a, **kw: shapes.append(xs[0].shape) or fn(xs, *a, **kw))
     monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
     mesh = S.make_mesh(4, 2)
     sharded = S.shard_target(target, mesh)
@@ -844,28 +847,7 @@ def test_gdn_commit_runs_per_shard(target_dk16, monkeypatch):
     chain = Engine(sharded, OracleChain(4, 509, ref=reference(prompts, ar, 4)), mesh=mesh)
     assert chain.generate(prompts, 10, seed=1).tokens == ar
     cfg = target.cfg
-    assert shapes and {s[:2] for s in shapes} == {(1, cfg.linear_num_value_heads // 4)}, shapes
-
-
-def test_conv_commit_runs_per_shard(target_dk16, monkeypatch):
-    """The commit's conv-history kernel (opt-in; interpreted) under tensor + data parallelism: traced on per-shard
-    histories (1 of the 2 sequences, a quarter of the channels: whole key-head groups) for AR's and an oracle
-    DFlash chain's commits, whose tokens equal the unsharded model's greedy AR without it."""
-    from oracle import OracleChain, reference
-    from pallas_kernels.conv_commit import api, pallas_triton as kernel_module
-    target = target_dk16
-    rs = np.random.RandomState(16)
-    prompts = [rs.randint(0, 509, size=n).tolist() for n in (7, 12)]
-    monkeypatch.delenv(api.ENV_VAR, raising=False)
-    ar = Engine(target).generate(prompts, 10).tokens
-    shapes, fn = [], kernel_module.conv_commit
-    monkeypatch.setattr(kernel_module, "conv_commit",
-                        lambda hists, *a, **kw: shapes.append(hists[0].shape) or fn(hists, *a, **kw))
-    monkeypatch.setenv(api.ENV_VAR, "pallas_interpret")
-    mesh = S.make_mesh(4, 2)
-    sharded = S.shard_target(target, mesh)
-    assert Engine(sharded, mesh=mesh).generate(prompts, 10).tokens == ar
-    chain = Engine(sharded, OracleChain(4, 509, ref=reference(prompts, ar, 4)), mesh=mesh)
-    assert chain.generate(prompts, 10, seed=1).tokens == ar
-    cfg = target.cfg
-    assert shapes and {(s[0], s[2]) for s in shapes} == {(1, cfg.conv_dim // 4)}, shapes
+    if op == "gdn_commit":
+        assert shapes and {s[:2] for s in shapes} == {(1, cfg.linear_num_value_heads // 4)}, shapes
+    else:
+        assert shapes and {(s[0], s[2]) for s in shapes} == {(1, cfg.conv_dim // 4)}, shapes

@@ -25,16 +25,6 @@ from pallas_kernels.conv_commit import pallas_triton, reference
 from pallas_kernels.conv_commit.arg_specs import REAL, make_inputs
 
 
-def threaded(step, args):
-    """A call that feeds each result's histories back in as the next call's (donated) histories."""
-    box = [tuple(jnp.copy(h) for h in args[0])]
-
-    def run():
-        box[0] = step(box[0], *args[1:])
-        return box[0]
-    return run
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=at_least(1), default=20, help="calls in the profiled trace")
@@ -56,7 +46,7 @@ def main(argv=None):
         compile_s = time.perf_counter() - t0
         want = got if want is None else want
         same = all(np.array_equal(g, r) for g, r in zip(got, want))
-        dev = profile.device_time(threaded(step, args), a.iters)
+        dev = profile.device_time(profile.threaded(step, args), a.iters)
         row = dict(impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3, kernels=dev.get("kernels"),
                    equal_to_reference=same, compile_s=compile_s, **shape)
         rows.append(row)

@@ -26,16 +26,6 @@ from pallas_kernels.gdn_commit import pallas_triton, reference
 from pallas_kernels.gdn_commit.arg_specs import REAL, make_inputs
 
 
-def threaded(step, args):
-    """A call that feeds each result's states back in as the next call's (donated) states."""
-    box = [tuple(jnp.copy(s) for s in args[0])]
-
-    def run():
-        box[0] = step(box[0], *args[1:])
-        return box[0]
-    return run
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paths", default="1,16,64", help="path lengths (comma-separated)")
@@ -63,7 +53,7 @@ def main(argv=None):
             want = got if want is None else want
             err = max(float(np.abs(g - r).max()) for g, r in zip(got, want)) / max(float(np.abs(r).max())
                                                                                   for r in want)
-            dev = profile.device_time(threaded(step, args), a.iters)
+            dev = profile.device_time(profile.threaded(step, args), a.iters)
             row = dict(path=n, impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3,
                        kernels=dev.get("kernels"), rel_err_vs_reference=err, compile_s=compile_s, **shape)
             rows.append(row)
