@@ -23,8 +23,11 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bench.cli import at_least, exit_with, writable_file, write_json
 from pallas_kernels import dispatch
@@ -209,15 +212,20 @@ def device_time(run_step, steps: int = 5) -> dict:
     return busiest(per_device, steps)
 
 
-def threaded(step, args):
-    """A call of step(*args) for `device_time` that feeds each result back in as the next call's first argument (a
-    tuple of arrays the step donates, as the engine's round loop carries its state); the first call gets copies."""
+def time_donated(fn, args, iters: int):
+    """fn jitted with its first argument (a tuple of arrays) donated, as the engine's round loop carries its state:
+    the first call's results on the host (fp32 numpy), the seconds it took (its compile), and `device_time` of
+    `iters` calls, each fed the previous call's results. The caller's arrays are copied first, never donated."""
+    step = jax.jit(fn, donate_argnums=0)
+    t0 = time.perf_counter()
+    got = [np.asarray(x.astype(jnp.float32)) for x in step(tuple(jnp.copy(x) for x in args[0]), *args[1:])]
+    compile_s = time.perf_counter() - t0
     box = [tuple(jnp.copy(x) for x in args[0])]
 
     def run():
         box[0] = step(box[0], *args[1:])
         return box[0]
-    return run
+    return got, compile_s, device_time(run, iters)
 
 
 def busiest(per_device: list[list[tuple]], steps: int) -> dict:

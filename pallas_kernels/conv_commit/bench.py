@@ -11,10 +11,8 @@ the kernel runs in interpret mode at a small shape.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bench import profile
@@ -40,13 +38,9 @@ def main(argv=None):
     args = make_inputs(0, **shape)
     rows, want = [], None
     for name, fn in impls.items():
-        step = jax.jit(fn, donate_argnums=0)
-        t0 = time.perf_counter()
-        got = [np.asarray(x.astype(jnp.float32)) for x in step(tuple(jnp.copy(h) for h in args[0]), *args[1:])]
-        compile_s = time.perf_counter() - t0
+        got, compile_s, dev = profile.time_donated(fn, args, a.iters)
         want = got if want is None else want
         same = all(np.array_equal(g, r) for g, r in zip(got, want))
-        dev = profile.device_time(profile.threaded(step, args), a.iters)
         row = dict(impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3, kernels=dev.get("kernels"),
                    equal_to_reference=same, compile_s=compile_s, **shape)
         rows.append(row)

@@ -12,10 +12,8 @@ On a CPU (a check of the harness) the kernel runs in interpret mode at a small s
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bench import profile
@@ -46,14 +44,10 @@ def main(argv=None):
         args = make_inputs(0, **(shape | dict(p=n)))
         want = None
         for name, fn in impls.items():
-            step = jax.jit(fn, donate_argnums=0)
-            t0 = time.perf_counter()
-            got = [np.asarray(x) for x in step(tuple(jnp.copy(s) for s in args[0]), *args[1:])]
-            compile_s = time.perf_counter() - t0
+            got, compile_s, dev = profile.time_donated(fn, args, a.iters)
             want = got if want is None else want
             err = max(float(np.abs(g - r).max()) for g, r in zip(got, want)) / max(float(np.abs(r).max())
                                                                                   for r in want)
-            dev = profile.device_time(profile.threaded(step, args), a.iters)
             row = dict(path=n, impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3,
                        kernels=dev.get("kernels"), rel_err_vs_reference=err, compile_s=compile_s, **shape)
             rows.append(row)
