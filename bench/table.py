@@ -3,7 +3,7 @@ at the longest prefix, and an 8K prefill, each against its goal and the roofline
 
     python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --budget 63 --out DIR
 
-Five parts, each in its own process so that each starts with the GPU's memory free (the real model's weights are
+Eight parts, each in its own process so that each starts with the GPU's memory free (the real model's weights are
 51 GB; each part's JAX takes 90% of the GPU unless XLA_CLIENT_MEM_FRACTION says otherwise), each writing its JSON
 into DIR before the next starts:
 
@@ -18,7 +18,12 @@ into DIR before the next starts:
 4. `pallas_kernels.verify.bench` for B + 1 rows of the real vocabulary: the verification kernel's logits bytes
    per second against a copy measured in the same process (verify.json);
 5. `pallas_kernels.tree_delta_rule.bench` for a DFlash block (16 nodes) and the tree: the tree delta rule kernel's
-   time per GDN layer and its bytes (state, inputs, outputs) per second against a copy (delta_rule.json).
+   time per GDN layer and its bytes (state, inputs, outputs) per second against a copy (delta_rule.json);
+6.-8. the other GDN kernels a round runs by default, each a device time and its bytes per second on the device
+   (against part 3's copy where it ran): `pallas_kernels.gdn_decode.bench` (an AR step's one node, a layer;
+   gdn_decode.json), `pallas_kernels.gdn_tree_inputs.bench` (the inputs of the rule at the same sizes as part 5, a
+   layer; gdn_tree_inputs.json) and `pallas_kernels.gdn_commit.bench` (the commit's state update after a path of
+   16, all layers in one call; gdn_commit.json).
 
 Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
 context), the ratio to the roofline (weight bytes / 4.30 TB/s, the H200's measured device-to-device copy rate; 11.9 ms at
@@ -61,9 +66,11 @@ GOALS = {  # issue #6, at 1K context on one H200
     "tree_attention_of_copy": (">=", 0.80, "of copy"),   # at a 128K prefix
     "prefill_of_matmul": (">=", 0.50, "of matmul"),
 }
-PARTS = ("rounds", "attention", "prefill", "verify", "delta_rule")
+PARTS = ("rounds", "attention", "prefill", "verify", "delta_rule", "gdn_decode", "gdn_tree_inputs", "gdn_commit")
 JSONS = dict(rounds="rounds.json", attention="tree_attention.json", prefill="harness.json", verify="verify.json",
-             delta_rule="delta_rule.json")
+             delta_rule="delta_rule.json", gdn_decode="gdn_decode.json", gdn_tree_inputs="gdn_tree_inputs.json",
+             gdn_commit="gdn_commit.json")
+COMMIT_PATH = 16              # the commit's path: a DFlash block, or a DDTree(64) path at its deepest
 GOAL_CONTEXT = 1024           # the round goals' context
 ATTENTION_GOAL_PREFIX = 131072  # the tree-attention goal's prefix
 
@@ -117,8 +124,10 @@ def kernel_rows(part: dict | None) -> list[dict]:
 
 
 def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *, budget: int, block: int,
-            tau: float, real: bool, verify: dict | None = None, delta_rule: dict | None = None) -> dict:
-    """The table's rows from the parts' JSONs: [{row, context, value, unit, goal, met, vs_roofline, tok_s}]."""
+            tau: float, real: bool, verify: dict | None = None, delta_rule: dict | None = None,
+            gdn: dict | None = None) -> dict:
+    """The table's rows from the parts' JSONs: [{row, context, value, unit, goal, met, vs_roofline, tok_s}]. gdn:
+    the GDN kernels' parts by name (gdn_decode, gdn_tree_inputs, gdn_commit), each a JSON or None."""
     roofline = (rounds or {}).get("roofline_ms_at_4.30TB_s")
     rows = []
 
@@ -175,6 +184,8 @@ def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *
         tb_s = ((harness or {}).get("copy_bandwidth") or {}).get("tb_s")
         if tb_s:
             return tb_s * 1e12, f"copy {tb_s * 1e3:.4g} GB/s"
+        if "copy_bytes_per_s" not in part:       # the GDN kernels' benches time no copy of their own
+            return None, None
         return part["copy_bytes_per_s"], f"{part['copy_bytes_per_s'] / 1e9:.4g} GB/s"
 
     if attention:
@@ -210,7 +221,31 @@ def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *
         add(f"{what}: state + inputs + outputs bytes/s of copy ({copy_label})", None, r["bytes_per_s"] / copy,
             "of copy")
         add(f"{what}: device time", None, r["device_us_per_layer"], "us")
+    gdn = gdn or {}
+    for name, what, moved, size, time_key in GDN_ROWS:
+        part = gdn.get(name)
+        rows_of = [r for r in (part or {}).get("rows", []) if "device_bytes_per_s" in r]
+        for r in [r for r in rows_of if r.get("impl") == "pallas_triton"] or rows_of:
+            label = f"{what} ({r['impl']}), {size(r)}"
+            copy, copy_label = of_copy(part)
+            if copy:
+                add(f"{label}: {moved} bytes/s of copy ({copy_label})", None, r["device_bytes_per_s"] / copy,
+                    "of copy")
+            else:
+                add(f"{label}: {moved} bytes/s on the device", None, r["device_bytes_per_s"] / 1e12, "TB/s")
+            add(f"{label}: device time", None, r[time_key], "us")
     return dict(rows=rows, roofline_ms=roofline, tau=tau)
+
+
+# The GDN kernels' parts: (part, op, what its bytes are, its size from a row, the row's device time field)
+GDN_ROWS = (
+    ("gdn_decode", "GDN decode", "state + inputs + outputs", lambda r: "1 node, per GDN layer",
+     "device_us_per_layer"),
+    ("gdn_tree_inputs", "GDN tree inputs", "inputs + outputs", lambda r: f"N = {r['n']}, per GDN layer",
+     "device_us_per_layer"),
+    ("gdn_commit", "GDN commit", "states read and written + path", lambda r: f"path of {r['path']}, all "
+     f"{r['layers']} GDN layers", "device_us"),
+)
 
 
 def markdown(table: dict, head: str) -> str:
@@ -341,17 +376,27 @@ def main(argv=None) -> int:
                                                                else []))
     part("verify", ["pallas_kernels.verify.bench", "--rows", str(args.budget + 1), "--json", str(out / JSONS["verify"])]
          + (["--impls", "pallas_triton"] if on_gpu else []) + (["--vocab", "4096", "--iters", "3"] if small else []))
-    # The tree delta rule at a DFlash block and at the tree.
-    part("delta_rule", ["pallas_kernels.tree_delta_rule.bench", "--sizes", f"16,{args.budget + 1}",
+    # The tree delta rule and its inputs at a DFlash block and at the tree (one size where they are the same).
+    sizes = ",".join(str(n) for n in sorted({16, args.budget + 1}))
+    cpu_sized = small and not on_gpu
+    part("delta_rule", ["pallas_kernels.tree_delta_rule.bench", "--sizes", sizes,
                         "--json", str(out / JSONS["delta_rule"])] + (["--impls", "pallas_triton"] if on_gpu else [])
-         + (["--layers", "1", "--iters", "2", "--impls", "xla"] if small and not on_gpu else []))
+         + (["--layers", "1", "--iters", "2", "--impls", "xla"] if cpu_sized else []))
+    part("gdn_decode", ["pallas_kernels.gdn_decode.bench", "--json", str(out / JSONS["gdn_decode"])]
+         + (["--layers", "1", "--iters", "2"] if cpu_sized else []))
+    part("gdn_tree_inputs", ["pallas_kernels.gdn_tree_inputs.bench", "--sizes", sizes,
+                             "--json", str(out / JSONS["gdn_tree_inputs"])]
+         + (["--layers", "1", "--iters", "2"] if cpu_sized else []))
+    part("gdn_commit", ["pallas_kernels.gdn_commit.bench", "--paths", str(COMMIT_PATH),
+                        "--json", str(out / JSONS["gdn_commit"])] + (["--iters", "2"] if cpu_sized else []))
 
     # Only what succeeded in this run; rounds that did not: their rows at each context, not measured.
     got = {name: load(out / JSONS[name]) if ran.get(name, {}).get("rc") == 0 else None for name in PARTS}
     rounds = got["rounds"] or ({"contexts": {str(c): {} for c in contexts}} if "rounds" in ran else None)
     block = rounds.get("block_size", 16) if rounds else 16
     table = compose(rounds, got["attention"], got["prefill"], budget=args.budget, block=block, tau=args.tau,
-                    real=args.config == "real", verify=got["verify"], delta_rule=got["delta_rule"])
+                    real=args.config == "real", verify=got["verify"], delta_rule=got["delta_rule"],
+                    gdn={name: got[name] for name in ("gdn_decode", "gdn_tree_inputs", "gdn_commit")})
     meta = next((p for p in got.values() if p and p.get("machine")), {})    # the first part that ran records them
     # bench.harness (the prefill part) writes commit and dirty at its top level; with no part, this checkout's (the
     # parts run from it, in this environment)

@@ -70,6 +70,7 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     ("bench.tp", []), ("bench.tp_table", ["{tmp}/a.json"]), ("bench.tree_build", []), ("bench.verify_profile", []),
     ("bench.tap_probe", ["--target", "{tmp}", "--text", "{tmp}", "--eval-text", "{tmp}", "--out", "{tmp}/p.json"]),
     ("pallas_kernels.gdn_decode.bench", []), ("pallas_kernels.gdn_tree_inputs.bench", []),
+    ("pallas_kernels.gdn_commit.bench", []), ("pallas_kernels.conv_commit.bench", []),
     ("pallas_kernels.skinny_matmul.bench", []), ("pallas_kernels.tree_attention.bench", []),
     ("pallas_kernels.tree_delta_rule.bench", []), ("pallas_kernels.verify.bench", []),
 ])

@@ -129,6 +129,56 @@ def test_every_of_copy_row_has_the_harness_copy_when_it_ran():
     assert not any("1881" in k or "2330" in k or "1919" in k for k in r)
 
 
+def _gdn_parts():
+    decode = {"rows": [
+        {"impl": "reference", "device_us_per_layer": 20.0, "device_bytes_per_s": 0.2e12},
+        {"impl": "pallas_triton", "device_us_per_layer": 6.5, "device_bytes_per_s": 0.5e12},
+        {"impl": "pallas_triton/w8", "device_us_per_layer": 7.5, "device_bytes_per_s": 0.45e12}]}
+    inputs = {"rows": [{"n": 16, "impl": "reference", "device_us_per_layer": 9.0, "device_bytes_per_s": 0.1e12}]}
+    commit = {"rows": [
+        {"path": 16, "impl": "reference", "layers": 48, "device_us": 328.6, "device_bytes_per_s": 0.9e12},
+        {"path": 16, "impl": "pallas_triton", "layers": 48, "device_us": 176.1, "device_bytes_per_s": 1.7e12}]}
+    return dict(gdn_decode=decode, gdn_tree_inputs=inputs, gdn_commit=commit)
+
+
+def test_compose_shows_the_gdn_kernels_against_the_harness_copy():
+    """The GDN kernels' parts time no copy of their own: their rows are fractions of the harness's copy where it
+    ran, else bytes/s on the device; the default kernel's row (impl "pallas_triton") where it ran, else every row
+    (the reference's, on a CPU). No goal of their own."""
+    harness = {"copy_bandwidth": {"tb_s": 4.0}}
+    t = table.compose(None, None, harness, budget=63, block=16, tau=9.18, real=True, gdn=_gdn_parts())
+    r = {x["row"]: x for x in t["rows"]}
+    assert r["GDN decode (pallas_triton), 1 node, per GDN layer: state + inputs + outputs bytes/s of copy "
+             "(copy 4000 GB/s)"]["value"] == pytest.approx(0.125)
+    assert r["GDN decode (pallas_triton), 1 node, per GDN layer: device time"]["value"] == 6.5
+    assert not any(k.startswith("GDN decode (reference)") or "w8" in k for k in r)
+    assert r["GDN tree inputs (reference), N = 16, per GDN layer: inputs + outputs bytes/s of copy "
+             "(copy 4000 GB/s)"]["value"] == pytest.approx(0.025)
+    assert r["GDN commit (pallas_triton), path of 16, all 48 GDN layers: device time"]["value"] == 176.1
+    assert r["GDN commit (pallas_triton), path of 16, all 48 GDN layers: states read and written + path bytes/s "
+             "of copy (copy 4000 GB/s)"]["value"] == pytest.approx(0.425)
+    assert not any(k.startswith("GDN commit (reference)") for k in r)
+    assert all(x["goal"] is None and x["met"] is None for x in t["rows"])
+    alone = table.compose(None, None, None, budget=63, block=16, tau=9.18, real=True, gdn=_gdn_parts())
+    md = table.markdown(alone, "# t")
+    assert "| GDN commit (pallas_triton), path of 16, all 48 GDN layers: states read and written + path bytes/s " \
+           "on the device | - | 1.70 TB/s |" in md
+    assert "| GDN decode (pallas_triton), 1 node, per GDN layer: device time | - | 6.50 us |" in md
+
+
+@pytest.mark.parametrize("budget, sizes", [(63, "16,64"), (15, "16"), (8, "9,16")])
+def test_the_gdn_parts_time_the_block_and_the_tree(tmp_path, monkeypatch, budget, sizes):
+    """The tree delta rule and the GDN tree inputs at the DFlash block and the tree, each size once (--budget 15
+    asked the benches for '16,16', which they refuse); the commit after a path of 16."""
+    ran = _fake_parts(monkeypatch, {p: (0, None) for p in table.PARTS})
+    table.main(["--contexts", "64", "--prefill", "64", "--budget", str(budget), "--out", str(tmp_path)])
+    for name in ("delta_rule", "gdn_tree_inputs"):
+        assert ran[name][ran[name].index("--sizes") + 1] == sizes
+    assert ran["gdn_commit"][ran["gdn_commit"].index("--paths") + 1] == "16"
+    assert [c[0] for n, c in ran.items() if n.startswith("gdn_")] == [
+        "pallas_kernels.gdn_decode.bench", "pallas_kernels.gdn_tree_inputs.bench", "pallas_kernels.gdn_commit.bench"]
+
+
 def test_compose_of_a_tiny_run_judges_nothing():
     t = table.compose(_rounds(), None, None, budget=64, block=16, tau=9.18, real=False)
     assert all(r["met"] is None for r in t["rows"])
@@ -164,7 +214,9 @@ def test_all_parts_run_on_cpu(tmp_path, monkeypatch):
     missing = [r["row"] for r in t["rows"] if r["value"] is None]
     assert not missing, missing
     assert any(r["row"].startswith("tree attention") and r["context"] == 128 for r in t["rows"])
-    for kernel in ("verify (xla), 9 rows", "tree delta rule (xla), N = 16", "tree delta rule (xla), N = 9"):
+    for kernel in ("verify (xla), 9 rows", "tree delta rule (xla), N = 16", "tree delta rule (xla), N = 9",
+                   "GDN decode (reference), 1 node", "GDN tree inputs (reference), N = 9",
+                   "GDN tree inputs (reference), N = 16", "GDN commit (pallas_triton), path of 16"):
         assert any(r["row"].startswith(kernel) and r["unit"] == "of copy" and r["value"] > 0 for r in t["rows"]), kernel
     assert "not measured" not in (tmp_path / "table.md").read_text()
     # Each part takes 90% of the GPU, not JAX's default 75% (a 27B's cache at 128K did not fit an 80 GB card's 75%).
@@ -278,7 +330,8 @@ def test_only_the_tiny_config_times_cpu_sized_kernels(tmp_path, monkeypatch):
                     "--out", str(tmp_path / config.replace("/", "_"))])
         assert ran["rounds"][ran["rounds"].index("--config") + 1] == config
         assert ("--vocab" in ran["verify"]) is small and ("--copy-gib" in ran["prefill"]) is small
-        assert ("--layers" in ran["delta_rule"]) is small
+        assert ("--layers" in ran["delta_rule"]) is small and ("--layers" in ran["gdn_decode"]) is small
+        assert ("--layers" in ran["gdn_tree_inputs"]) is small and ("--iters" in ran["gdn_commit"]) is small
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -146,5 +146,12 @@ def test_bench_runs_and_writes_json(tmp_path):
     from pallas_kernels.gdn_commit import bench
     bench.main(["--paths", "3", "--iters", "1", "--json", str(tmp_path / "b.json")])
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
-    assert rows[0]["impl"] == "reference" and len(rows) == 5
+    assert [r["impl"] for r in rows] == ["reference", "pallas_triton"]
     assert all(r["rel_err_vs_reference"] < 1e-5 and 0 < r["device_us"] < float("inf") for r in rows), rows
+    # 4 layers' [1, 4, 32, 32] fp32 states read and written, the path's w [4, 1, 3, 4], k [4, 1, 3, 2, 32],
+    # delta [4, 1, 3, 4, 32], eg [4, 1, 4] fp32 and keep [1] bool read
+    want = 2 * 4 * 4 * 32 * 32 * 4 + (4 * 3 * 4 + 4 * 3 * 2 * 32 + 4 * 3 * 4 * 32 + 4 * 4) * 4 + 1
+    assert all(r["bytes"] == want for r in rows), rows
+    assert rows[1]["device_bytes_per_s"] == pytest.approx(want / (rows[1]["device_us"] * 1e-6))
+    bench.main(["--paths", "3", "--iters", "1", "--sweep", "--json", str(tmp_path / "b.json")])
+    assert len(json.loads((tmp_path / "b.json").read_text())["rows"]) == 5
