@@ -150,7 +150,8 @@ def time_kernel(run, iters: int) -> dict:
 def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes: str = "16,64,65") -> list[dict]:
     """A per-layer op benchmark (the GDN ops' benches): per block size n (--sizes), `stack_for(n, layers)` gives
     --layers argument tuples; one jit applies each implementation to them in sequence, `link(args, out)` making
-    each layer's input depend on the previous output (so nothing is hoisted). Per implementation: time per layer,
+    each layer's input depend on the previous output (so nothing is hoisted), and returns every layer's outputs (so
+    nothing is dropped). Per implementation: time per layer,
     synchronised and on the device (time_kernel), the bytes a layer reads and writes over that time, and the
     largest relative error of any output against the first implementation's; rows printed and, with --json,
     written."""
@@ -169,22 +170,25 @@ def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes
         ref = None
         for name, fn in impls.items():
             def run(stack, fn=fn):
-                out = None
+                # every layer's outputs are returned: were only the last one's, XLA would drop what of the earlier
+                # layers' work `link` does not read (session 77: the GDN tree inputs' reference at 1.4 us a layer)
+                outs = []
                 for args in stack:
-                    out = fn(*(args if out is None else link(args, out)))
-                return out
+                    outs.append(fn(*(args if not outs else link(args, outs[-1]))))
+                return outs
             step = jax.jit(run)                      # one jit per (size, impl): timing it must not retrace
             t = time_kernel(lambda: step(stack), a.iters)
-            outs = [x.astype(f32) for x in jax.tree.leaves(t["out"])]
+            outs = [x.astype(f32) for x in jax.tree.leaves(t["out"][-1])]
             ref = outs if ref is None else ref
             err = max(float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs, ref))
-            moved = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves((stack[0], t["out"])))
+            moved = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves((stack[0], t["out"][-1])))
             per, dev = t["wall_s"] / a.layers, t["device_s"] / a.layers
+            rate = moved / dev if dev > 0 else float("nan")          # no kernel in the trace: no rate
             print(f"N={n:4d} {name:14s} {per * 1e6:8.1f} us/layer (device {dev * 1e6:6.1f})  "
-                  f"{moved / dev / 1e12:5.2f} TB/s on the device  err {err:.1e}  compile {t['compile_s']:.1f} s",
+                  f"{rate / 1e12:5.2f} TB/s on the device  err {err:.1e}  compile {t['compile_s']:.1f} s",
                   flush=True)
             rows.append(dict(n=n, impl=name, us_per_layer=per * 1e6, device_us_per_layer=dev * 1e6,
-                             bytes_per_layer=moved, device_bytes_per_s=moved / dev, rel_err_vs_reference=err,
+                             bytes_per_layer=moved, device_bytes_per_s=rate, rel_err_vs_reference=err,
                              compile_s=t["compile_s"]))
     if a.json:
         write_results(a.json, rows, layers=a.layers)

@@ -375,7 +375,7 @@ def _gdn_tree_inputs(y, history, conv_w, A_log, dt_bias, rows, *, dk, dv):
 
 def _conv_commit(hists, conv_ins, win, keep):
     """`conv_commit` (pallas_kernels/conv_commit: every GDN layer's conv history after a commit); the Pallas kernel
-    (opt-in, JAXSPEC_CONV_COMMIT) runs per shard under a mesh, the jnp reference is partitioned by GSPMD."""
+    (the GPU default, JAXSPEC_CONV_COMMIT) runs per shard under a mesh, the jnp reference is partitioned by GSPMD."""
     if conv_commit_api.resolve() != "reference":
         return sharding.per_shard_conv_commit(conv_commit, hists, conv_ins, win, keep)
     return conv_commit(hists, conv_ins, win, keep)

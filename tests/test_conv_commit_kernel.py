@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from kernel_tests import check_dispatch, on_gpu
+from pallas_kernels import dispatch
 from pallas_kernels.conv_commit import api, pallas_triton, reference
 from pallas_kernels.conv_commit.arg_specs import REAL, make_inputs
 
@@ -91,7 +92,12 @@ def test_triton_lowering():
 
 
 def test_dispatch(monkeypatch):
-    check_dispatch(api, monkeypatch)                   # opt-in: the reference on a GPU too
+    check_dispatch(api, monkeypatch, gpu_default="pallas_triton")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.delenv(api.ENV_VAR, raising=False)
+    with dispatch.differentiable():                               # a traced loss: the jnp form
+        assert api.resolve() == "reference"
+    assert api.resolve() == "pallas_triton"
 
 
 def test_api_runs_the_chosen_implementation(seed, monkeypatch):
