@@ -151,10 +151,9 @@ def layer_bench(argv, doc: str, impls: dict, stack_for, link, layers: int, sizes
     """A per-layer op benchmark (the GDN ops' benches): per block size n (--sizes), `stack_for(n, layers)` gives
     --layers argument tuples; one jit applies each implementation to them in sequence, `link(args, out)` making
     each layer's input depend on the previous output (so nothing is hoisted), and returns every layer's outputs (so
-    nothing is dropped). Per implementation: time per layer,
-    synchronised and on the device (time_kernel), the bytes a layer reads and writes over that time, and the
-    largest relative error of any output against the first implementation's; rows printed and, with --json,
-    written."""
+    nothing is dropped). Per implementation: time per layer, synchronised and on the device (time_kernel), the bytes
+    a layer reads and writes over that time, and the largest relative error of any output against the first
+    implementation's (the last layer's outputs); rows printed and, with --json, written."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=sizes, help="nodes per block (comma-separated)")
     p.add_argument("--layers", type=at_least(1), default=layers, help="layers applied in sequence per timed call")

@@ -22,8 +22,9 @@ into DIR before the next starts:
 6.-8. the other GDN kernels a round runs by default, each a device time and its bytes per second on the device
    (against part 3's copy where it ran): `pallas_kernels.gdn_decode.bench` (an AR step's one node, a layer;
    gdn_decode.json), `pallas_kernels.gdn_tree_inputs.bench` (the inputs of the rule at the same sizes as part 5, a
-   layer; gdn_tree_inputs.json; the kernel at every size, where a round runs it up to 64 nodes) and `pallas_kernels.gdn_commit.bench` (the commit's state update after a path of
-   16, all layers in one call; gdn_commit.json).
+   layer; gdn_tree_inputs.json; the kernel at every size, where a round runs it up to 64 nodes) and
+   `pallas_kernels.gdn_commit.bench` (the commit's state update after a path of 16, all layers in one call;
+   gdn_commit.json).
 
 Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
 context), the ratio to the roofline (weight bytes / 4.30 TB/s, the H200's measured device-to-device copy rate; 11.9 ms at
