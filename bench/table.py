@@ -3,7 +3,7 @@ at the longest prefix, and an 8K prefill, each against its goal and the roofline
 
     python -m bench.table --config real --contexts 1024,32768,131072 --prefill 8192 --budget 63 --out DIR
 
-Eight parts, each in its own process so that each starts with the GPU's memory free (the real model's weights are
+Nine parts, each in its own process so that each starts with the GPU's memory free (the real model's weights are
 51 GB; each part's JAX takes 90% of the GPU unless XLA_CLIENT_MEM_FRACTION says otherwise), each writing its JSON
 into DIR before the next starts:
 
@@ -19,12 +19,13 @@ into DIR before the next starts:
    per second against a copy measured in the same process (verify.json);
 5. `pallas_kernels.tree_delta_rule.bench` for a DFlash block (16 nodes) and the tree: the tree delta rule kernel's
    time per GDN layer and its bytes (state, inputs, outputs) per second against a copy (delta_rule.json);
-6.-8. the other GDN kernels a round runs by default, each a device time and its bytes per second on the device
+6.-9. the other GDN kernels a round runs by default, each a device time and its bytes per second on the device
    (against part 3's copy where it ran): `pallas_kernels.gdn_decode.bench` (an AR step's one node, a layer;
    gdn_decode.json), `pallas_kernels.gdn_tree_inputs.bench` (the inputs of the rule at the same sizes as part 5, a
-   layer; gdn_tree_inputs.json; the kernel at every size, where a round runs it up to 64 nodes) and
+   layer; gdn_tree_inputs.json; the kernel at every size, where a round runs it up to 64 nodes),
    `pallas_kernels.gdn_commit.bench` (the commit's state update after a path of 16, all layers in one call;
-   gdn_commit.json).
+   gdn_commit.json) and `pallas_kernels.conv_commit.bench` (the commit's conv histories after a block of 16, all
+   layers in one call; conv_commit.json).
 
 Then DIR/table.md and DIR/table.json: every row with its goal (the goals are for the real shape at 1K
 context), the ratio to the roofline (weight bytes / 4.30 TB/s, the H200's measured device-to-device copy rate; 11.9 ms at
@@ -67,10 +68,12 @@ GOALS = {  # issue #6, at 1K context on one H200
     "tree_attention_of_copy": (">=", 0.80, "of copy"),   # at a 128K prefix
     "prefill_of_matmul": (">=", 0.50, "of matmul"),
 }
-PARTS = ("rounds", "attention", "prefill", "verify", "delta_rule", "gdn_decode", "gdn_tree_inputs", "gdn_commit")
+PARTS = ("rounds", "attention", "prefill", "verify", "delta_rule", "gdn_decode", "gdn_tree_inputs", "gdn_commit",
+         "conv_commit")
+GDN_PARTS = PARTS[5:]
 JSONS = dict(rounds="rounds.json", attention="tree_attention.json", prefill="harness.json", verify="verify.json",
              delta_rule="delta_rule.json", gdn_decode="gdn_decode.json", gdn_tree_inputs="gdn_tree_inputs.json",
-             gdn_commit="gdn_commit.json")
+             gdn_commit="gdn_commit.json", conv_commit="conv_commit.json")
 COMMIT_PATH = 16              # the commit's path: a DFlash block, or a DDTree(64) path at its deepest
 GOAL_CONTEXT = 1024           # the round goals' context
 ATTENTION_GOAL_PREFIX = 131072  # the tree-attention goal's prefix
@@ -128,7 +131,7 @@ def compose(rounds: dict | None, attention: dict | None, harness: dict | None, *
             tau: float, real: bool, verify: dict | None = None, delta_rule: dict | None = None,
             gdn: dict | None = None) -> dict:
     """The table's rows from the parts' JSONs: [{row, context, value, unit, goal, met, vs_roofline, tok_s}]. gdn:
-    the GDN kernels' parts by name (gdn_decode, gdn_tree_inputs, gdn_commit), each a JSON or None."""
+    the GDN kernels' parts by name (GDN_PARTS), each a JSON or None."""
     roofline = (rounds or {}).get("roofline_ms_at_4.30TB_s")
     rows = []
 
@@ -245,6 +248,8 @@ GDN_ROWS = (
     ("gdn_tree_inputs", "GDN tree inputs", "inputs + outputs", lambda r: f"N = {r['n']}, per GDN layer",
      "device_us_per_layer"),
     ("gdn_commit", "GDN commit", "states read and written + path", lambda r: f"path of {r['path']}, all "
+     f"{r['layers']} GDN layers", "device_us"),
+    ("conv_commit", "GDN conv commit", "history rows read and written", lambda r: f"block of {r['n']}, all "
      f"{r['layers']} GDN layers", "device_us"),
 )
 
@@ -390,6 +395,8 @@ def main(argv=None) -> int:
          + (["--layers", "1", "--iters", "2"] if cpu_sized else []))
     part("gdn_commit", ["pallas_kernels.gdn_commit.bench", "--paths", str(COMMIT_PATH),
                         "--json", str(out / JSONS["gdn_commit"])] + (["--iters", "2"] if cpu_sized else []))
+    part("conv_commit", ["pallas_kernels.conv_commit.bench", "--json", str(out / JSONS["conv_commit"])]
+         + (["--iters", "2"] if cpu_sized else []))
 
     # Only what succeeded in this run; rounds that did not: their rows at each context, not measured.
     got = {name: load(out / JSONS[name]) if ran.get(name, {}).get("rc") == 0 else None for name in PARTS}
@@ -397,7 +404,7 @@ def main(argv=None) -> int:
     block = rounds.get("block_size", 16) if rounds else 16
     table = compose(rounds, got["attention"], got["prefill"], budget=args.budget, block=block, tau=args.tau,
                     real=args.config == "real", verify=got["verify"], delta_rule=got["delta_rule"],
-                    gdn={name: got[name] for name in ("gdn_decode", "gdn_tree_inputs", "gdn_commit")})
+                    gdn={name: got[name] for name in GDN_PARTS})
     meta = next((p for p in got.values() if p and p.get("machine")), {})    # the first part that ran records them
     # bench.harness (the prefill part) writes commit and dirty at its top level; with no part, this checkout's (the
     # parts run from it, in this environment)

@@ -138,7 +138,10 @@ def _gdn_parts():
     commit = {"rows": [
         {"path": 16, "impl": "reference", "layers": 48, "device_us": 328.6, "device_bytes_per_s": 0.9e12},
         {"path": 16, "impl": "pallas_triton", "layers": 48, "device_us": 176.1, "device_bytes_per_s": 1.7e12}]}
-    return dict(gdn_decode=decode, gdn_tree_inputs=inputs, gdn_commit=commit)
+    conv = {"rows": [
+        {"n": 16, "impl": "reference", "layers": 48, "device_us": 56.2, "device_bytes_per_s": 0.1e12},
+        {"n": 16, "impl": "pallas_triton", "layers": 48, "device_us": 3.5, "device_bytes_per_s": 1.7e12}]}
+    return dict(gdn_decode=decode, gdn_tree_inputs=inputs, gdn_commit=commit, conv_commit=conv)
 
 
 def test_compose_shows_the_gdn_kernels_against_the_harness_copy():
@@ -158,6 +161,10 @@ def test_compose_shows_the_gdn_kernels_against_the_harness_copy():
     assert r["GDN commit (pallas_triton), path of 16, all 48 GDN layers: states read and written + path bytes/s "
              "of copy (copy 4000 GB/s)"]["value"] == pytest.approx(0.425)
     assert not any(k.startswith("GDN commit (reference)") for k in r)
+    assert r["GDN conv commit (pallas_triton), block of 16, all 48 GDN layers: device time"]["value"] == 3.5
+    assert r["GDN conv commit (pallas_triton), block of 16, all 48 GDN layers: history rows read and written "
+             "bytes/s of copy (copy 4000 GB/s)"]["value"] == pytest.approx(0.425)
+    assert not any(k.startswith("GDN conv commit (reference)") for k in r)
     assert all(x["goal"] is None and x["met"] is None for x in t["rows"])
     alone = table.compose(None, None, None, budget=63, block=16, tau=9.18, real=True, gdn=_gdn_parts())
     md = table.markdown(alone, "# t")
@@ -175,8 +182,9 @@ def test_the_gdn_parts_time_the_block_and_the_tree(tmp_path, monkeypatch, budget
     for name in ("delta_rule", "gdn_tree_inputs"):
         assert ran[name][ran[name].index("--sizes") + 1] == sizes
     assert ran["gdn_commit"][ran["gdn_commit"].index("--paths") + 1] == "16"
-    assert [c[0] for n, c in ran.items() if n.startswith("gdn_")] == [
-        "pallas_kernels.gdn_decode.bench", "pallas_kernels.gdn_tree_inputs.bench", "pallas_kernels.gdn_commit.bench"]
+    assert [ran[n][0] for n in table.GDN_PARTS] == [
+        "pallas_kernels.gdn_decode.bench", "pallas_kernels.gdn_tree_inputs.bench", "pallas_kernels.gdn_commit.bench",
+        "pallas_kernels.conv_commit.bench"]
 
 
 def test_compose_of_a_tiny_run_judges_nothing():
@@ -216,7 +224,8 @@ def test_all_parts_run_on_cpu(tmp_path, monkeypatch):
     assert any(r["row"].startswith("tree attention") and r["context"] == 128 for r in t["rows"])
     for kernel in ("verify (xla), 9 rows", "tree delta rule (xla), N = 16", "tree delta rule (xla), N = 9",
                    "GDN decode (reference), 1 node", "GDN tree inputs (reference), N = 9",
-                   "GDN tree inputs (reference), N = 16", "GDN commit (pallas_triton), path of 16"):
+                   "GDN tree inputs (reference), N = 16", "GDN commit (pallas_triton), path of 16",
+                   "GDN conv commit (pallas_triton), block of 4"):
         assert any(r["row"].startswith(kernel) and r["unit"] == "of copy" and r["value"] > 0 for r in t["rows"]), kernel
     assert "not measured" not in (tmp_path / "table.md").read_text()
     # Each part takes 90% of the GPU, not JAX's default 75% (a 27B's cache at 128K did not fit an 80 GB card's 75%).
@@ -332,6 +341,7 @@ def test_only_the_tiny_config_times_cpu_sized_kernels(tmp_path, monkeypatch):
         assert ("--vocab" in ran["verify"]) is small and ("--copy-gib" in ran["prefill"]) is small
         assert ("--layers" in ran["delta_rule"]) is small and ("--layers" in ran["gdn_decode"]) is small
         assert ("--layers" in ran["gdn_tree_inputs"]) is small and ("--iters" in ran["gdn_commit"]) is small
+        assert ("--iters" in ran["conv_commit"]) is small
 
 
 @pytest.mark.parametrize("argv, message", [

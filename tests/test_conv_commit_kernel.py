@@ -151,5 +151,10 @@ def test_bench_runs_and_writes_json(tmp_path):
     from pallas_kernels.conv_commit import bench
     bench.main(["--iters", "1", "--json", str(tmp_path / "b.json")])
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
-    assert rows[0]["impl"] == "reference" and len(rows) == 5
+    assert [r["impl"] for r in rows] == ["reference", "pallas_triton"]
     assert all(r["equal_to_reference"] and 0 < r["device_us"] < float("inf") for r in rows), rows
+    # 4 layers' [1, 3, 64] bf16 histories' rows read and written, win [1, 3] int32 and keep [1] bool read
+    assert all(r["bytes"] == 2 * 4 * 3 * 64 * 2 + 3 * 4 + 1 for r in rows), rows
+    assert rows[1]["device_bytes_per_s"] == pytest.approx(rows[1]["bytes"] / (rows[1]["device_us"] * 1e-6))
+    bench.main(["--iters", "1", "--sweep", "--json", str(tmp_path / "b.json")])
+    assert len(json.loads((tmp_path / "b.json").read_text())["rows"]) == 5

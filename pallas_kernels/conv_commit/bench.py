@@ -1,11 +1,13 @@
 """Time the commit's conv-history update at the real shape: XLA's (the reference: a gather a layer, and a copy of
 each donated history) against the kernel's tilings, the histories donated as in the engine's round loop.
 
-    JAX_PLATFORMS=cuda python -m pallas_kernels.conv_commit.bench [--json out.json]
+    JAX_PLATFORMS=cuda python -m pallas_kernels.conv_commit.bench [--sweep] [--json out.json]
 
-Each variant's device time a call (bench.profile.device_time: the kernels' summed durations, what the update adds
-to a round), its kernels, whether it equals the reference, and its compile time. On a CPU (a check of the harness)
-the kernel runs in interpret mode at a small shape.
+The reference's and the kernel's (at its defaults; `--sweep` adds other tilings) device time a call
+(bench.profile.device_time: the kernels' summed durations, what the update adds to a round), its kernels, the bytes
+a call must move (each history's K-1 new rows read, from the history or the block, and written) over that time,
+whether it equals the reference, and its compile time. On a CPU (a check of the harness) the kernel runs in
+interpret mode at a small shape.
 """
 
 from __future__ import annotations
@@ -25,27 +27,31 @@ from pallas_kernels.conv_commit.arg_specs import REAL, make_inputs
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sweep", action="store_true", help="also time the kernel's other tilings")
     p.add_argument("--iters", type=at_least(1), default=20, help="calls in the profiled trace")
     p.add_argument("--json", help="also write the rows to this JSON file")
     a = dispatch.parse_args(p, argv)
     writable_file(p, "--json", a.json)
     on_gpu = jax.default_backend() == "gpu"
     shape = REAL if on_gpu else dict(layers=4, b=1, km1=3, n=4, c=64)
-    impls = {"reference": reference.conv_commit}
-    for per, bc in ((1, 1024), (4, 1024), (1, 256), (4, 2048)):
+    impls = {"reference": reference.conv_commit,
+             "pallas_triton": lambda *x: pallas_triton.conv_commit(*x, interpret=not on_gpu)}
+    for per, bc in ((4, 1024), (1, 256), (4, 2048)) if a.sweep else ():
         impls[f"pallas_triton/per{per}/bc{bc}"] = (
             lambda *x, per=per, bc=bc: pallas_triton.conv_commit(*x, per=per, block_c=bc, interpret=not on_gpu))
     args = make_inputs(0, **shape)
+    moved = 2 * sum(h.nbytes for h in args[0]) + args[2].nbytes + args[3].nbytes     # rows read + written, win, keep
     rows, want = [], None
     for name, fn in impls.items():
         got, compile_s, dev = profile.time_donated(fn, args, a.iters)
         want = got if want is None else want
         same = all(np.array_equal(g, r) for g, r in zip(got, want))
         row = dict(impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3, kernels=dev.get("kernels"),
-                   equal_to_reference=same, compile_s=compile_s, **shape)
+                   bytes=moved, equal_to_reference=same, compile_s=compile_s, **shape)
+        row["device_bytes_per_s"] = moved / (row["device_us"] * 1e-6) if row["device_us"] > 0 else float("nan")
         rows.append(row)
-        print(f"{name:30s} {row['device_us']:8.1f} us  {row['kernels']} kernels  equal {same}  "
-              f"compile {compile_s:.1f} s", flush=True)
+        print(f"{name:30s} {row['device_us']:8.1f} us  {row['kernels']} kernels  "
+              f"{row['device_bytes_per_s'] / 1e12:5.2f} TB/s  equal {same}  compile {compile_s:.1f} s", flush=True)
     if a.json:
         write_results(a.json, rows)
     return rows
