@@ -381,6 +381,23 @@ def test_verify_profile_commit_threads_a_donated_state(tmp_path):
     assert sorted(int(p) for _, p in aliased) == list(range(n_state)), header[:300]
 
 
+def test_verify_profile_threads_a_donated_state_through_the_verify(tmp_path):
+    """bench.verify_profile (the verify itself) runs it as the engine's round loop does: every decoding state array
+    is donated (aliased to an output of the compiled program, so the KV caches are not copied whole first)."""
+    import gzip
+
+    from bench import verify_profile
+    verify_profile.main(["--config", "tiny", "--context", "32", "--nodes", "5", "--steps", "2", "--hlo",
+                         "--out", str(tmp_path)])
+    d = json.loads((tmp_path / "verify-chain5.json").read_text())
+    assert d["phase"] == "verify" and d["kernel_ms_per_step"] > 0
+    header = gzip.open(tmp_path / "verify-chain5.hlo.txt.gz", "rt").readline()
+    aliased = re.findall(r"\{[\d, ]+\}: \((\d+), \{\}, may-alias\)", header)
+    cfg = harness.tiny_config()
+    n_state = 1 + 2 * len(cfg.full_layers) + 2 * len(cfg.linear_layers)    # length, keys, values, conv, ssm
+    assert len(aliased) == n_state, header[:400]
+
+
 def test_verify_profile_charges_a_tree_verify_to_parts(tmp_path):
     """bench.verify_profile on the tiny config (on a CPU, the host's XLA thunks are the kernels): a 17-node
     DDTree-shaped verify, profiled, its time charged to parts and written as verify-tree17.json."""
