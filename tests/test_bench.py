@@ -363,39 +363,37 @@ def test_tree_build_bench_times_each_budget(tmp_path, monkeypatch, capsys):
         tree_build.main(["--variants", "fast"])
 
 
+def _profiled_with_aliases(tmp_path, argv, name):
+    """bench.verify_profile on the tiny config with --hlo: its summary, the parameter numbers the compiled program
+    aliases to its outputs (from the HLO module's header) and the count of decoding state arrays."""
+    import gzip
+
+    from bench import verify_profile
+    verify_profile.main(["--config", "tiny", "--context", "32", "--hlo", "--out", str(tmp_path)] + argv)
+    d = json.loads((tmp_path / f"{name}.json").read_text())
+    header = gzip.open(tmp_path / f"{name}.hlo.txt.gz", "rt").readline()
+    aliased = [int(p) for p in re.findall(r"\{[\d, ]+\}: \((\d+), \{\}, may-alias\)", header)]
+    cfg = harness.tiny_config()
+    n_state = 1 + 2 * len(cfg.full_layers) + 2 * len(cfg.linear_layers)    # length, keys, values, conv, ssm
+    return d, aliased, n_state
+
+
 def test_verify_profile_commit_threads_a_donated_state(tmp_path):
     """bench.verify_profile --commit profiles accept + commit as the engine's round loop runs it: the decoding
     state is donated (every state array aliased to its output in the compiled program, so nothing is copied
     whole first) and threaded from call to call."""
-    import gzip
-
-    from bench import verify_profile
-    verify_profile.main(["--config", "tiny", "--context", "32", "--nodes", "9", "--tree", "--commit", "--steps", "3",
-                         "--hlo", "--out", str(tmp_path)])
-    d = json.loads((tmp_path / "commit-tree9.json").read_text())
+    d, aliased, n_state = _profiled_with_aliases(tmp_path, ["--nodes", "9", "--tree", "--commit", "--steps", "3"],
+                                                 "commit-tree9")
     assert d["phase"] == "accept_commit" and d["kernel_ms_per_step"] > 0
-    header = gzip.open(tmp_path / "commit-tree9.hlo.txt.gz", "rt").readline()
-    aliased = re.findall(r"\{(\d+)\}: \((\d+), \{\}, may-alias\)", header)
-    cfg = harness.tiny_config()
-    n_state = 1 + 2 * len(cfg.full_layers) + 2 * len(cfg.linear_layers)    # length, keys, values, conv, ssm
-    assert sorted(int(p) for _, p in aliased) == list(range(n_state)), header[:300]
+    assert sorted(aliased) == list(range(n_state)), aliased
 
 
 def test_verify_profile_threads_a_donated_state_through_the_verify(tmp_path):
     """bench.verify_profile (the verify itself) runs it as the engine's round loop does: every decoding state array
     is donated (aliased to an output of the compiled program, so the KV caches are not copied whole first)."""
-    import gzip
-
-    from bench import verify_profile
-    verify_profile.main(["--config", "tiny", "--context", "32", "--nodes", "5", "--steps", "2", "--hlo",
-                         "--out", str(tmp_path)])
-    d = json.loads((tmp_path / "verify-chain5.json").read_text())
+    d, aliased, n_state = _profiled_with_aliases(tmp_path, ["--nodes", "5", "--steps", "2"], "verify-chain5")
     assert d["phase"] == "verify" and d["kernel_ms_per_step"] > 0
-    header = gzip.open(tmp_path / "verify-chain5.hlo.txt.gz", "rt").readline()
-    aliased = re.findall(r"\{[\d, ]+\}: \((\d+), \{\}, may-alias\)", header)
-    cfg = harness.tiny_config()
-    n_state = 1 + 2 * len(cfg.full_layers) + 2 * len(cfg.linear_layers)    # length, keys, values, conv, ssm
-    assert len(aliased) == n_state, header[:400]
+    assert len(aliased) == n_state, aliased
 
 
 def test_verify_profile_charges_a_tree_verify_to_parts(tmp_path):
