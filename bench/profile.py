@@ -228,6 +228,20 @@ def time_donated(fn, args, iters: int):
     return got, compile_s, device_time(run, iters)
 
 
+def donated_timing(fn, args, iters: int, moved: int):
+    """time_donated's results for a benchmark row: the first call's results, and {device_us, kernels, bytes (moved,
+    the bytes a call must read and write), device_bytes_per_s (nan without a kernel in the trace), compile_s}."""
+    got, compile_s, dev = time_donated(fn, args, iters)
+    us = dev.get("device_ms", float("nan")) * 1e3
+    return got, dict(device_us=us, kernels=dev.get("kernels"), bytes=moved,
+                     device_bytes_per_s=moved / (us * 1e-6) if us > 0 else float("nan"), compile_s=compile_s)
+
+
+def timing_text(t: dict) -> str:
+    """donated_timing's numbers as a bench prints them."""
+    return f"{t['device_us']:8.1f} us  {t['kernels']} kernels  {t['device_bytes_per_s'] / 1e12:5.2f} TB/s"
+
+
 def busiest(per_device: list[list[tuple]], steps: int) -> dict:
     """device_ms / kernels per call of the device whose kernels took longest, from each device's events."""
     events = max(per_device, key=lambda ev: sum(e[1] for e in ev))

@@ -43,15 +43,12 @@ def main(argv=None):
     moved = 2 * sum(h.nbytes for h in args[0]) + args[2].nbytes + args[3].nbytes     # rows read + written, win, keep
     rows, want = [], None
     for name, fn in impls.items():
-        got, compile_s, dev = profile.time_donated(fn, args, a.iters)
+        got, timing = profile.donated_timing(fn, args, a.iters, moved)
         want = got if want is None else want
         same = all(np.array_equal(g, r) for g, r in zip(got, want))
-        row = dict(impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3, kernels=dev.get("kernels"),
-                   bytes=moved, equal_to_reference=same, compile_s=compile_s, **shape)
-        row["device_bytes_per_s"] = moved / (row["device_us"] * 1e-6) if row["device_us"] > 0 else float("nan")
-        rows.append(row)
-        print(f"{name:30s} {row['device_us']:8.1f} us  {row['kernels']} kernels  "
-              f"{row['device_bytes_per_s'] / 1e12:5.2f} TB/s  equal {same}  compile {compile_s:.1f} s", flush=True)
+        rows.append(dict(impl=name, **timing, equal_to_reference=same, **shape))
+        print(f"{name:30s} {profile.timing_text(timing)}  equal {same}  compile {timing['compile_s']:.1f} s",
+              flush=True)
     if a.json:
         write_results(a.json, rows)
     return rows

@@ -49,17 +49,13 @@ def main(argv=None):
         moved = sum(x.nbytes for x in jax.tree.leaves((args, args[0])))       # the inputs, and S1 a layer
         want = None
         for name, fn in impls.items():
-            got, compile_s, dev = profile.time_donated(fn, args, a.iters)
+            got, timing = profile.donated_timing(fn, args, a.iters, moved)
             want = got if want is None else want
             err = max(float(np.abs(g - r).max()) for g, r in zip(got, want)) / max(float(np.abs(r).max())
                                                                                   for r in want)
-            row = dict(path=n, impl=name, device_us=dev.get("device_ms", float("nan")) * 1e3,
-                       kernels=dev.get("kernels"), bytes=moved, rel_err_vs_reference=err, compile_s=compile_s,
-                       **shape)
-            row["device_bytes_per_s"] = moved / (row["device_us"] * 1e-6) if row["device_us"] > 0 else float("nan")
-            rows.append(row)
-            print(f"P={n:3d} {name:36s} {row['device_us']:8.1f} us  {row['kernels']} kernels  "
-                  f"{row['device_bytes_per_s'] / 1e12:5.2f} TB/s  err {err:.1e}  compile {compile_s:.1f} s", flush=True)
+            rows.append(dict(path=n, impl=name, **timing, rel_err_vs_reference=err, **shape))
+            print(f"P={n:3d} {name:36s} {profile.timing_text(timing)}  err {err:.1e}  "
+                  f"compile {timing['compile_s']:.1f} s", flush=True)
     if a.json:
         write_results(a.json, rows)
     return rows
