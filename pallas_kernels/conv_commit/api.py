@@ -9,8 +9,9 @@
 JAXSPEC_CONV_COMMIT (read when the model is traced) forces one. The kernel is the GPU default since session 77: on an
 H100, accept + commit's kernels took 0.052 ms less with it after a verify of a chain of 16 (0.273 -> 0.221 ms, 70 ->
 22 kernels) and of a tree of 64 (0.350 -> 0.298 ms), bench/results/2026-12-07-h100-s77/; on the H200 its GPU tests
-passed and its op took 3.5 against 56.2 us (session 76), too little for the rounds' medians to show. It adds ~11 s
-to a round loop's first compile (session 76; generate's compile cache keeps it for later runs). Under a mesh it
+passed and its op took 3.5 against 56.2 us (session 76), too little for the rounds' medians to show. Its own compile
+took 11.3 s there (session 76's bench), which a round loop's first compile pays once (generate's compile cache keeps
+it for later runs). Under a mesh it
 runs per shard (jaxspec/sharding.py per_shard_conv_commit); a traced loss (`dispatch.differentiable()`) gets the
 reference.
 """
