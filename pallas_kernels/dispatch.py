@@ -15,6 +15,7 @@ import importlib
 import os
 
 import jax
+import jax.numpy as jnp
 
 
 # Every JAXSPEC_* environment variable jaxspec reads. One set but not listed here (a misspelling, or a flag since
@@ -129,3 +130,20 @@ def flags() -> dict:
     chooses nothing (it reads as unset) and is left out."""
     check_flags()
     return {k: v for k, v in sorted(os.environ.items()) if k in CHOICE_FLAGS and v}
+
+
+def check_per_layer(op: str, name: str, arrays, layout: str, dtype=None, item: tuple[str, str] = ("array", "arrays")):
+    """ValueError naming `op` and `name` unless `arrays` is a non-empty sequence (one a layer) of arrays of one shape
+    and one dtype (`dtype` where given), of layout's rank (e.g. "[B, K-1, C]"); item: what one is called, singular
+    and plural. The commit ops' per-layer inputs; returns the first."""
+    if not len(arrays):
+        raise ValueError(f"{op}: {name} is empty: expected one {layout} {item[0]} a GDN layer")
+    a = arrays[0]
+    ndim = layout.count(",") + 1
+    if a.ndim != ndim or any(x.shape != a.shape or x.dtype != (dtype or a.dtype) for x in arrays):
+        kind = f"{jnp.dtype(dtype).name.replace('float', 'fp')} " if dtype else ""
+        same = "of one shape" if dtype else "of one shape and dtype"
+        raise ValueError(f"{op}: {name} must be {kind}{layout} {item[1]} {same}, got "
+                         f"{sorted({(tuple(x.shape), str(x.dtype)) for x in arrays})}")
+    return a
+

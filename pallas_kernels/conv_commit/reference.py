@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from pallas_kernels.dispatch import check_per_layer
+
 
 def check_args(hists, conv_ins, win, keep) -> None:
     """ValueError naming the argument unless hists is a non-empty sequence of [B, K-1, C] arrays of one shape and
     dtype (one a layer), conv_ins as many [B, N, C] arrays of one dtype, win int32 [B, K-1] and keep bool [B]."""
-    if not len(hists):
-        raise ValueError("conv_commit: hists is empty: expected one [B, K-1, C] history a GDN layer")
-    h = hists[0]
-    if h.ndim != 3 or any(x.shape != h.shape or x.dtype != h.dtype for x in hists):
-        raise ValueError(f"conv_commit: hists must be [B, K-1, C] arrays of one shape and dtype, got "
-                         f"{sorted({(tuple(x.shape), str(x.dtype)) for x in hists})}")
-    b, km1, c = h.shape
+    b, km1, c = check_per_layer("conv_commit", "hists", hists, "[B, K-1, C]", item=("history", "histories")).shape
     if len(conv_ins) != len(hists):
         raise ValueError(f"conv_commit: {len(conv_ins)} conv_ins for {len(hists)} hists (one each a layer)")
     x = conv_ins[0]

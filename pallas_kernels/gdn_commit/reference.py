@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.dispatch import check_per_layer
+
 _HI = jax.lax.Precision.HIGHEST
 
 
@@ -23,12 +25,7 @@ def check_args(s0s, w, k, delta, eg, keep) -> int:
     """ValueError naming the argument unless s0s is a non-empty sequence of fp32 [B, H, Dk, Dv] (one a layer, all
     of one shape), w [L, B, P, H], k [L, B, P, Hk, Dk] with Hk dividing H, delta [L, B, P, H, Dv], eg [L, B, H]
     and keep [B] bool. Returns rep = H / Hk."""
-    if not len(s0s):
-        raise ValueError("gdn_commit: s0s is empty: expected one [B, H, Dk, Dv] state a GDN layer")
-    s = s0s[0]
-    if s.ndim != 4 or any(x.shape != s.shape or x.dtype != jnp.float32 for x in s0s):
-        raise ValueError(f"gdn_commit: s0s must be fp32 [B, H, Dk, Dv] states of one shape, got "
-                         f"{sorted({(tuple(x.shape), str(x.dtype)) for x in s0s})}")
+    s = check_per_layer("gdn_commit", "s0s", s0s, "[B, H, Dk, Dv]", jnp.float32, item=("state", "states"))
     layers, (b, h, dk, dv) = len(s0s), s.shape
     if w.ndim != 4 or w.shape[:2] != (layers, b) or w.shape[3] != h:
         raise ValueError(f"gdn_commit: w {w.shape} must be [L, B, P, H] = [{layers}, {b}, P, {h}]")
