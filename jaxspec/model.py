@@ -322,13 +322,13 @@ class GatedDeltaNet(nnx.Module):
 
 def add_norm(x, u, norm: RMSNorm):
     """(x + u, h, r) with h * r = norm(x + u): a residual add and the RMSNorm after it, its row scale r deferred
-    to the product that h feeds (RMSNorm.deferred); or, when JAXSPEC_ADD_RMS_NORM selects it, one Pallas kernel
-    (pallas_kernels/add_rms_norm; per shard under a mesh) with r = None."""
+    to the product that h feeds (RMSNorm.deferred); through one Pallas kernel where JAXSPEC_ADD_RMS_NORM selects
+    it (pallas_kernels/add_rms_norm, the same contract; per shard under a mesh)."""
     if add_norm_api.resolve() == "reference":
         s = x + u
         return (s,) + norm.deferred(s)
     fn = functools.partial(add_rms_norm, eps=norm.eps, offset=norm.offset)
-    return sharding.per_shard_rows(fn, x, u, norm.weight[...]) + (None,)
+    return sharding.per_shard_rows(fn, x, u, norm.weight[...])
 
 
 def window_index(tree: Tree, distance: int, hist: int):

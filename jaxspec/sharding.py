@@ -532,10 +532,10 @@ def vocab_choice(partial, combine, x):
 
 def per_shard_rows(fn, x, u, w):
     """A row-wise op on the residual stream (x, u [B, N, D], batch on the data axis, replicated over the
-    model axis; w [D] replicated), e.g. pallas_kernels/add_rms_norm, run per shard; fn returns two such
-    arrays."""
+    model axis; w [D] replicated), e.g. pallas_kernels/add_rms_norm, run per shard; fn returns three arrays
+    [B, N, ...] of whole rows (add_rms_norm: x + u, h and the row scale [B, N, 1])."""
     rows = P(DATA, None, None)
-    return _manual(fn, (x, u, w), (rows, rows, P()), (rows, rows))
+    return _manual(fn, (x, u, w), (rows, rows, P()), (rows, rows, rows))
 
 
 def per_shard_gdn_decode(fn, conv_in, history, conv_w, z, a, b, A_log, dt_bias, norm_w, s0):

@@ -2,7 +2,8 @@
 and per shard.
 
 CPU: the kernel in interpret mode on fresh random rows (the real width 5120 in bf16, small widths in
-fp32, one row to a tree of 65); the Triton lowering at the real width for an abstract H200; the model's
+fp32, one row to a tree of 65), its three outputs (x + u, h, the row scale) each against the reference's;
+h times the row scale against RMSNorm in float64; the Triton lowering at the real width for an abstract H200; the model's
 forward through it. GPU (`-m gpu`): the compiled kernel. Bounds: max |x - ref| / max |ref| < 1e-5 in
 fp32, 1e-2 in bf16.
 """
@@ -28,7 +29,8 @@ def make_inputs(seed, shape, dtype):
 
 def assert_matches(out, ref, dtype):
     bound = 1e-5 if dtype == jnp.float32 else 1e-2
-    for name, a, r in zip(("sum", "norm"), out, ref):
+    assert len(out) == len(ref) == 3
+    for name, a, r in zip(("sum", "h", "row scale"), out, ref):
         assert a.shape == r.shape and a.dtype == r.dtype, (name, a.shape, r.shape)
         a, r = np.asarray(a, np.float64), np.asarray(r, np.float64)
         err = float(np.abs(a - r).max() / np.abs(r).max())
@@ -42,6 +44,22 @@ def test_kernel_matches_reference(seed, shape, dtype, offset):
     args = make_inputs(seed, shape, dtype)
     out = pallas_triton.add_rms_norm(*args, eps=1e-6, offset=offset, interpret=True)
     assert_matches(out, reference.add_rms_norm(*args, eps=1e-6, offset=offset), dtype)
+
+
+@pytest.mark.parametrize("offset", [1.0, 0.0])
+def test_kernel_outputs_are_the_deferred_norm(seed, offset):
+    """h * r is RMSNorm(x + u) with weight (offset + w), in float64 from the kernel's own sum (fp32 rows), and the
+    row scale is taken with eps inside the root: rows of mean square ~eps (1e-3 scale) and ~1."""
+    x, u, w = make_inputs(seed, (2, 5, 96), jnp.float32)
+    for scale in (1e-3, 1.0):
+        s, h, r = pallas_triton.add_rms_norm(x * scale, u * scale, w, eps=1e-6, offset=offset, interpret=True)
+        sd = np.asarray(x * scale, np.float64) + np.asarray(u * scale, np.float64)
+        np.testing.assert_allclose(np.asarray(s, np.float64), sd, rtol=1e-6)
+        rms = np.sqrt(np.mean(sd * sd, -1, keepdims=True) + 1e-6)
+        want = sd / rms * (offset + np.asarray(w, np.float64))
+        np.testing.assert_allclose(np.asarray(h, np.float64) * np.asarray(r, np.float64), want, rtol=1e-5,
+                                   atol=1e-6 * np.abs(want).max())
+        np.testing.assert_allclose(np.asarray(r, np.float64), 1 / rms, rtol=1e-5)
 
 
 def test_chunks():
@@ -71,8 +89,9 @@ def test_api_refuses_mismatched_arguments(case, name, impl):
 def test_api_no_rows(shape, impl):
     """No rows: the reference's empty outputs (the kernel's empty grid failed)."""
     x, u, w = make_inputs(0, shape, jnp.bfloat16)
-    s, n = api.add_rms_norm(x, u, w, eps=1e-6, offset=1.0, implementation=impl)
-    assert s.shape == n.shape == shape and s.dtype == n.dtype == jnp.bfloat16
+    s, h, r = api.add_rms_norm(x, u, w, eps=1e-6, offset=1.0, implementation=impl)
+    assert s.shape == h.shape == shape and s.dtype == h.dtype == jnp.bfloat16
+    assert r.shape == shape[:-1] + (1,) and r.dtype == jnp.float32
 
 
 @pytest.fixture(scope="module")

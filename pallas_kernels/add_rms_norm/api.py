@@ -6,10 +6,12 @@
 | "reference"        | jnp, what the model always ran                     | everywhere       |
 | "pallas_interpret" | the kernel's body run by the CPU interpreter       | never (tests)    |
 
-Opt-in through JAXSPEC_ADD_RMS_NORM (read when the model is traced). It passed its CPU tests
-(interpret mode, the Triton lowering for an abstract H200) and its GPU tests on the H200, but it made
-the AR round longer: 15.91 ms against 15.40 / 15.43 without it (one H200, real shape, 1K context;
-bench/results/2026-11-30-h200-kernel-flags). Why was not profiled. So it is not the default.
+Opt-in through JAXSPEC_ADD_RMS_NORM (read when the model is traced). In its first form (the normalised row
+out, the row scale applied) it made the AR round longer: 15.91 ms against 15.40 / 15.43 without it (one H200,
+real shape, 1K context; bench/results/2026-11-30-h200-kernel-flags), and on an H100 in session 78 it added
+0.26-0.52 ms of kernels to verify(16), verify(64) and the AR step at 1K (bench/results/2026-12-07-h100-s78/):
+5.6 us a call against the default's 2.1 + 1.9, and a reduction XLA added after each product it fed. It now
+has the deferred form's outputs (x + u, h, r), as the default path.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def resolve(implementation: str | None = None) -> str:
 
 def add_rms_norm(x, u, w, *, eps: float, offset: float, implementation: str | None = None):
     """See reference.add_rms_norm: x, u [..., D] of one shape and dtype, w [D] (`check_args`; the kernel reads
-    u row for row and w over D, and writes both outputs in x's dtype). No rows (or D = 0): the reference's
+    u row for row and w over D, and writes x + u and h in x's dtype, r in fp32). No rows (or D = 0): the reference's
     empty outputs. A width the kernel would walk in more than 64 chunks (`pallas_triton.supports`, e.g. an odd D)
     runs the reference, whatever the implementation."""
     name = resolve(implementation)

@@ -1,6 +1,8 @@
 """Pure-jnp reference of the residual add followed by RMSNorm, as every decoder layer of the target does
-twice: s = x + u in the stream's dtype, then RMSNorm(s) in fp32 with weight (offset + w), cast back
-(jaxspec/model.py RMSNorm; offset 1.0 is Qwen3.5's zero-centred form)."""
+twice, in the deferred form the model runs (jaxspec/model.py RMSNorm.deferred; offset 1.0 is Qwen3.5's
+zero-centred form): s = x + u in the stream's dtype; h = s * (offset + w) in fp32, cast back; and the row
+scale r = 1 / sqrt(mean(s^2) + eps) in fp32, left for the product that h feeds, so that
+RMSNorm(s) @ W = (h @ W) * r up to rounding."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import jax.numpy as jnp
 
 
 def add_rms_norm(x, u, w, *, eps: float, offset: float):
-    """x, u [..., D] (same dtype), w [D]. Returns (x + u, RMSNorm(x + u)), both in x's dtype."""
+    """x, u [..., D] (same dtype), w [D]. Returns (x + u and h [..., D] in x's dtype, r [..., 1] fp32)."""
     s = x + u
     sf = s.astype(jnp.float32)
-    n = sf * jax.lax.rsqrt(jnp.mean(sf * sf, -1, keepdims=True) + eps)
-    return s, (n * (offset + w.astype(jnp.float32))).astype(x.dtype)
+    r = jax.lax.rsqrt(jnp.mean(sf * sf, -1, keepdims=True) + eps)
+    return s, (sf * (offset + w.astype(jnp.float32))).astype(x.dtype), r
