@@ -17,14 +17,7 @@ import pytest
 
 from kernel_tests import check_dispatch, on_gpu
 from pallas_kernels.add_rms_norm import api, pallas_triton, reference
-
-
-def make_inputs(seed, shape, dtype):
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.standard_normal(shape) * 3, jnp.float32).astype(dtype)
-    u = jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
-    w = jnp.asarray(rng.standard_normal(shape[-1:]) * 0.1, jnp.float32).astype(dtype)
-    return x, u, w
+from pallas_kernels.add_rms_norm.arg_specs import make_inputs
 
 
 def assert_matches(out, ref, dtype):

@@ -71,6 +71,7 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     ("bench.tap_probe", ["--target", "{tmp}", "--text", "{tmp}", "--eval-text", "{tmp}", "--out", "{tmp}/p.json"]),
     ("pallas_kernels.gdn_decode.bench", []), ("pallas_kernels.gdn_tree_inputs.bench", []),
     ("pallas_kernels.gdn_commit.bench", []), ("pallas_kernels.conv_commit.bench", []),
+    ("pallas_kernels.add_rms_norm.bench", []),
     ("pallas_kernels.skinny_matmul.bench", []), ("pallas_kernels.tree_attention.bench", []),
     ("pallas_kernels.tree_delta_rule.bench", []), ("pallas_kernels.verify.bench", []),
 ])
@@ -145,6 +146,30 @@ def test_a_layer_bench_returns_every_layers_outputs(monkeypatch, tmp_path):
     assert len(outs) == 3 and all(len(o) == 2 for o in outs)
     assert float(outs[0][0][0, 0]) == 1.0 and float(outs[2][0][0, 0]) > 3.0        # layer 3 saw layer 2's output
     assert rows[0]["bytes_per_layer"] == (2 * 4 + 16 + 2 * 4 + 2 * 4) * 4              # x, w in; x @ w, tanh x out
+
+
+def test_the_add_rms_norm_bench_times_both_and_chains_the_residual_stream(monkeypatch, tmp_path):
+    """pallas_kernels.add_rms_norm.bench on a CPU: a row per row count and implementation (the reference, the kernel
+    at 4 and 8 warps, interpret mode), the kernel within bf16 rounding of the reference, and in each traced call
+    after the first, x is the previous call's x + u (the stream the model carries) while u and w are its own."""
+    from pallas_kernels.add_rms_norm import bench, pallas_triton
+    calls, kernel = [], pallas_triton.add_rms_norm
+
+    def spy(x, u, w, **kw):
+        out = kernel(x, u, w, **kw)
+        calls.append((x, u, w, out))
+        return out
+    monkeypatch.setattr(pallas_triton, "add_rms_norm", spy)
+    rows = bench.main(["--sizes", "1,2", "--layers", "3", "--iters", "1", "--json", str(tmp_path / "r.json")])
+    assert [(r["n"], r["impl"]) for r in rows] == [(n, i) for n in (1, 2)
+                                                     for i in ("reference", "pallas_triton", "pallas_triton/w8")]
+    assert all(r["rel_err_vs_reference"] < 1e-2 and r["bytes_per_layer"] > 0 for r in rows)
+    assert json.loads((tmp_path / "r.json").read_text())["layers"] == 3
+    assert len(calls) >= 2 * 2 * 3 and len(calls) % 3 == 0     # each (size, kernel row) traced, 3 calls a trace
+    for first in range(0, len(calls), 3):
+        trace = calls[first:first + 3]
+        for prev, nxt in zip(trace, trace[1:]):
+            assert nxt[0] is prev[3][0] and nxt[1] is not prev[1] and nxt[2] is not prev[2]
 
 
 def test_the_gdn_decode_bench_returns_every_layers_outputs():
