@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | tee $W/gpu.txt
 START=$SECONDS
 verify() {   # verify NORM NODES [--tree]
   mkdir -p $W/norm-$1
-  JAXSPEC_ADD_RMS_NORM=$1 timeout 100 $PY -m bench.verify_profile --config $CONFIG --nodes $2 $3 --out $W/norm-$1 \
+  JAXSPEC_ADD_RMS_NORM=$1 timeout 120 $PY -m bench.verify_profile --config $CONFIG --nodes $2 $3 --out $W/norm-$1 \
     > $W/norm-$1/verify$2.log 2>&1
   echo "add_rms_norm=$1, verify($2): rc=$? at $((SECONDS - START)) s"
   for f in $W/norm-$1/verify-*$2.json; do
