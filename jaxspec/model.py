@@ -322,12 +322,11 @@ class GatedDeltaNet(nnx.Module):
 
 def add_norm(x, u, norm: RMSNorm):
     """(x + u, h, r) with h * r = norm(x + u): a residual add and the RMSNorm after it, its row scale r deferred
-    to the product that h feeds (RMSNorm.deferred); through one Pallas kernel where JAXSPEC_ADD_RMS_NORM selects
-    it (pallas_kernels/add_rms_norm, the same contract; per shard under a mesh)."""
-    if add_norm_api.resolve() == "reference":
-        s = x + u
-        return (s,) + norm.deferred(s)
+    to the product that h feeds (as RMSNorm.deferred): pallas_kernels/add_rms_norm, whose jnp reference XLA
+    partitions under a mesh, and whose Pallas kernel (where JAXSPEC_ADD_RMS_NORM selects it) runs per shard."""
     fn = functools.partial(add_rms_norm, eps=norm.eps, offset=norm.offset)
+    if add_norm_api.resolve() == "reference":
+        return fn(x, u, norm.weight[...])
     return sharding.per_shard_rows(fn, x, u, norm.weight[...])
 
 
