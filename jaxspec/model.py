@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from pallas_kernels.chain_attention import chain_attention
 from pallas_kernels.tree_attention import api as attention_api
 from pallas_kernels.tree_attention import tree_attention
 from jaxspec import sharding
-from pallas_kernels.add_rms_norm import add_rms_norm
+from pallas_kernels.add_rms_norm import add, add_rms_norm
 from pallas_kernels.add_rms_norm import api as add_norm_api
 from pallas_kernels.conv_commit import api as conv_commit_api
 from pallas_kernels.conv_commit import conv_commit
@@ -51,8 +52,15 @@ class Linear(nnx.Module):
     def __init__(self, d_in: int, d_out: int, *, dtype, rngs: nnx.Rngs):
         self.kernel = _init(rngs, (d_in, d_out), dtype)
 
-    def __call__(self, x, row_scale=None):
-        """`row_scale` [..., 1] fp32: each row of the product times it (RMSNorm.deferred's 1 / rms)."""
+    def __call__(self, x, row_scale=None, slices=0):
+        """`row_scale` [..., 1] fp32: each row of the product times it (RMSNorm.deferred's 1 / rms). `slices` > 0:
+        the product as that many K slices, fp32 [S, ..., out] with S = gcd(slices, in), for add_norm to sum (what
+        XLA makes of a skinny product, handed to the add_rms_norm kernel instead of summed ahead of it)."""
+        if slices:
+            w = self.kernel[...]
+            s = math.gcd(slices, w.shape[0])
+            return jnp.einsum("...sk,skd->s...d", x.reshape(*x.shape[:-1], s, -1), w.reshape(s, -1, w.shape[1]),
+                              preferred_element_type=jnp.float32)
         y = skinny_matmul.matmul(x, self.kernel[...])     # XLA's dot unless JAXSPEC_SKINNY_MATMUL opts in
         return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
 
@@ -201,10 +209,11 @@ class MLP(nnx.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, dtype=dt, rngs=rngs)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dt, rngs=rngs)
 
-    def __call__(self, x, row_scale=None):
-        """`row_scale`: the deferred scale of the norm in front (RMSNorm.deferred), or None."""
+    def __call__(self, x, row_scale=None, slices=0):
+        """`row_scale`: the deferred scale of the norm in front (RMSNorm.deferred), or None. `slices`: the output
+        as the down product's K slices (Linear)."""
         gate, up = split_columns(self.cfg, "gate_up_proj", self.gate_up_proj(x, row_scale))
-        return self.down_proj(jax.nn.silu(gate) * up)
+        return self.down_proj(jax.nn.silu(gate) * up, slices=slices)
 
 
 class Attention(nnx.Module):
@@ -218,9 +227,9 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
         self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, offset=1.0, dtype=dt)
 
-    def __call__(self, x, keys, values, start, positions, tree: Tree, row_scale=None):
-        """x [B,N,D]; keys/values [B,L,KV,hd] committed cache; start [B]; `row_scale` as in MLP. Returns y and
-        the cache with the N tree slots written at start..start+N-1."""
+    def __call__(self, x, keys, values, start, positions, tree: Tree, row_scale=None, slices=0):
+        """x [B,N,D]; keys/values [B,L,KV,hd] committed cache; start [B]; `row_scale`, `slices` as in MLP. Returns y
+        and the cache with the N tree slots written at start..start+N-1."""
         cfg = self.cfg
         b, n, _ = x.shape
         hd, kvh = cfg.head_dim, cfg.num_kv_heads
@@ -243,7 +252,7 @@ class Attention(nnx.Module):
             out = cached_tree_attention(q, keys, values, start, tree.anc)
         out = out.reshape(b, n, cfg.num_heads * hd)
         out = out * jax.nn.sigmoid(gate.reshape(b, n, -1)).astype(out.dtype)
-        return self.o_proj(out.astype(x.dtype)), keys, values
+        return self.o_proj(out.astype(x.dtype), slices=slices), keys, values
 
 
 @jax.tree_util.register_dataclass
@@ -271,12 +280,12 @@ class GatedDeltaNet(nnx.Module):
         self.norm = RMSNorm(cfg.linear_value_head_dim, eps=cfg.rms_norm_eps, offset=0.0, dtype=dt)
         self.out_proj = Linear(cfg.value_dim, d, dtype=dt, rngs=rngs)
 
-    def __call__(self, x, history, s0, tree: Tree, row_scale=None, commit_n=None):
-        """`row_scale` as in MLP. Returns (y, GDNPending), or with commit_n [B] (a chain: `Qwen35`'s
+    def __call__(self, x, history, s0, tree: Tree, row_scale=None, commit_n=None, slices=0):
+        """`row_scale`, `slices` as in MLP. Returns (y, GDNPending), or with commit_n [B] (a chain: `Qwen35`'s
         commit_n) (y, (conv history, state)) after its first commit_n[b] tokens."""
         cfg = self.cfg
         if x.shape[1] == 1 and gdn_decode_api.resolve() != "reference" and commit_n is None:
-            return self.decode(x, history, s0, row_scale)
+            return self.decode(x, history, s0, row_scale, slices)
         b, n, _ = x.shape
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         y = self.in_proj(x, row_scale)
@@ -301,9 +310,9 @@ class GatedDeltaNet(nnx.Module):
             after = (h1, s1)
         o = self.norm(o.astype(x.dtype))
         o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
-        return self.out_proj(o.reshape(b, n, cfg.value_dim)), after
+        return self.out_proj(o.reshape(b, n, cfg.value_dim), slices=slices), after
 
-    def decode(self, x, history, s0, row_scale=None):
+    def decode(self, x, history, s0, row_scale=None, slices=0):
         """The one-token step through the fused kernel (pallas_kernels/gdn_decode: the GPU default,
         JAXSPEC_GDN_DECODE forces either): the same outputs as __call__ on a one-node tree, in one kernel
         per layer between the in_proj and out_proj gemms; per shard under a mesh."""
@@ -317,13 +326,22 @@ class GatedDeltaNet(nnx.Module):
             a[:, 0], b_[:, 0], self.A_log[...], self.dt_bias[...], self.norm.weight[...], s0)
         s_mid = jnp.zeros((b, 0, hv, dk, dv), jnp.float32)
         pending = GDNPending(conv_in, k[:, None], delta[:, None], g[:, None], s_mid)
-        return self.out_proj(out.reshape(b, 1, cfg.value_dim)), pending
+        return self.out_proj(out.reshape(b, 1, cfg.value_dim), slices=slices), pending
+
+
+def out_slices(rows: int) -> int:
+    """K slices the products in front of add_norm hand it for a block of `rows` rows (batch x nodes):
+    pallas_kernels/add_rms_norm's slices_for (0, the product itself, unless its kernel runs), and 0 under a mesh,
+    where a row-parallel product is summed across the model axis."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 0 if not mesh.empty and mesh.size > 1 else add_norm_api.slices_for(rows)
 
 
 def add_norm(x, u, norm: RMSNorm):
     """(x + u, h, r) with h * r = norm(x + u): a residual add and the RMSNorm after it, its row scale r deferred
     to the product that h feeds (as RMSNorm.deferred): pallas_kernels/add_rms_norm, whose jnp reference XLA
-    partitions under a mesh, and whose Pallas kernel (where JAXSPEC_ADD_RMS_NORM selects it) runs per shard."""
+    partitions under a mesh, and whose Pallas kernel (where JAXSPEC_ADD_RMS_NORM selects it) runs per shard. u is
+    the update or the K slices of the product that made it (`out_slices`)."""
     fn = functools.partial(add_rms_norm, eps=norm.eps, offset=norm.offset)
     if add_norm_api.resolve() == "reference":
         return fn(x, u, norm.weight[...])
@@ -535,23 +553,24 @@ class Qwen35(nnx.Module):
         conv, ssm = list(state.conv), list(state.ssm)
         fi = li = 0
         h, r = self.layers[0].input_layernorm.deferred(x)   # each norm's scale r is taken after its product
+        sl = out_slices(tokens.size)              # the products in front of each add_norm as K slices, or whole
         for i, layer in enumerate(self.layers):
             if layer.is_full:
-                h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree, r)
+                h, keys[fi], values[fi] = layer.self_attn(h, keys[fi], values[fi], start, positions, tree, r, sl)
                 fi += 1
             else:
-                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree, r, commit_n)
+                h, p = layer.linear_attn(h, state.conv[li], state.ssm[li], tree, r, commit_n, sl)
                 if commit_n is None:
                     pend.append(p)
                 else:
                     conv[li], ssm[li] = p
                 li += 1
             x, h, r = add_norm(x, h, layer.post_attention_layernorm)
-            h = layer.mlp(h, r)
+            h = layer.mlp(h, r, sl)
             if i + 1 < len(self.layers):                 # the next layer's input norm, with this residual add
                 x, h, r = add_norm(x, h, self.layers[i + 1].input_layernorm)
             else:
-                x = x + h
+                x = add(x, h)
             if i in taps:       # the last layer's as HF's last hidden_states entry, after the final norm
                 tapped[i] = x if i + 1 < len(self.layers) else self.norm(x)
         if logit_index is not None:

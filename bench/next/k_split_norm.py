@@ -18,7 +18,7 @@ its output the next pair's input), at the real widths (D 5120, K 6144), in these
   - `split_chunks`: the same, with the sum of squares per chunk of 512 columns (q [R, D / 512]) and the row
     scale from q's sum where it is used (in the next product's consumer, if XLA fuses it there);
   - `xla_chunks`: XLA's product, the chunked sum of squares;
-  - `split_pallas`: the slices into one Pallas kernel (a program per row and 512 columns: s, h and q);
+  - `split_pallas`: the slices into pallas_kernels/add_rms_norm's kernel (a program per row and 512 columns);
   - `none`: no norm (s = x + u feeds the next product): the floor.
 Reported per form and row count: kernels' device time and kernels a pair (bench.profile.device_time), and the
 largest relative error of the last pair's outputs against `xla` (and against `split_rows`, the same
@@ -31,7 +31,6 @@ split forms as `xla` or worse (XLA keeps a reduction of the slices apart from th
 from __future__ import annotations
 
 import argparse
-import functools
 import gzip
 import json
 import os
@@ -40,13 +39,10 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from bench import profile
 from jaxspec.provenance import git_info
-from pallas_kernels.add_rms_norm import reference
+from pallas_kernels.add_rms_norm import pallas_triton, reference
 
 D, K, CHUNK, EPS, OFFSET = 5120, 6144, 512, 1e-6, 1.0     # --small: 256, 384, 128
 FORMS = ("xla", "split_rows", "split_chunks", "xla_chunks", "split_pallas", "none")
@@ -58,32 +54,6 @@ def split_product(a, wo, splits):
     r = a.shape[0]
     return jnp.einsum("rsk,skd->srd", a.reshape(r, splits, -1), wo.reshape(splits, -1, wo.shape[1]),
                       preferred_element_type=f32)
-
-
-def _kernel(x_ref, p_ref, w_ref, s_ref, h_ref, q_ref):
-    s = (x_ref[...].astype(f32) + jnp.sum(p_ref[...], 0)).astype(s_ref.dtype)
-    s_ref[...] = s
-    sf = s.astype(f32)
-    h_ref[...] = (sf * (OFFSET + w_ref[...].astype(f32))).astype(h_ref.dtype)
-    q_ref[...] = jnp.full((1,), jnp.sum(sf * sf), f32)
-
-
-def pallas_add_norm(x, p, w, interpret):
-    """x [R, D], p [S, R, D] f32, w [D] -> (s = x + sum(p) in x's dtype, h, q [R, D / CHUNK] fp32 sums of s^2)."""
-    (r, d), splits = x.shape, p.shape[0]
-    row = pl.BlockSpec((None, CHUNK), lambda i, c: (i, c))
-    return pl.pallas_call(
-        _kernel,
-        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
-                   jax.ShapeDtypeStruct((r, d // CHUNK), f32)),
-        grid=(r, d // CHUNK),
-        in_specs=[row, pl.BlockSpec((splits, None, CHUNK), lambda i, c: (0, i, c)),
-                  pl.BlockSpec((CHUNK,), lambda i, c: (c,))],
-        out_specs=[row, row, pl.BlockSpec((None, 1), lambda i, c: (i, c))],
-        compiler_params=pltriton.CompilerParams(num_warps=4),
-        interpret=interpret,
-        name="split_add_norm",
-    )(x, p, w)
 
 
 def scale_of(q, d):
@@ -104,8 +74,7 @@ def pair(form, splits, interpret, x, a, wo, wi, w):
     else:
         p = split_product(a, wo, splits)
         if form == "split_pallas":
-            s, h, q = pallas_add_norm(x, p, w, interpret)
-            r = scale_of(q, d)
+            s, h, r = pallas_triton.add_rms_norm(x, p, w, eps=EPS, offset=OFFSET, interpret=interpret)
         else:
             s = (x.astype(f32) + jnp.sum(p, 0)).astype(x.dtype)
     if form in ("split_rows", "split_chunks", "xla_chunks"):
@@ -196,8 +165,8 @@ def main(argv=None) -> int:
                     f.write(hlo)
             res["rows"].append(row)
             print(f"rows {n:3d} {form:13s} {row['device_us_per_pair']:8.2f} us a pair  "
-                  f"{row['kernels_per_pair']:5.2f} kernels  err {err:.1e} (split_rows: {row['rel_err_vs_split_rows']})  "
-                  f"{row['fusions']}", flush=True)
+                  f"{row['kernels_per_pair']:5.2f} kernels  err {err:.1e} "
+                  f"(split_rows: {row['rel_err_vs_split_rows']})  {row['fusions']}", flush=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0

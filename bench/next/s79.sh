@@ -1,8 +1,9 @@
 #!/bin/bash
-# Next GPU session, either card (~6 min; predictions in bench/NOTES.md "## Session 78"): add_rms_norm in the deferred
-# form (session 78: outputs x + u, h and the row scale, as the default path), never yet on a GPU. In kernels' device
-# time at 1K, the flag set and unset on one machine: verify(16), verify(64) (bench.verify_profile), the op's bench
-# (127 calls at 1 / 16 / 64 rows), the AR step (bench.harness --profile-steps), then the kernel's GPU tests.
+# Next GPU session, either card (~6 min; predictions in bench/NOTES.md "## Session 79"): add_rms_norm in the deferred
+# form (outputs x + u, h and the row scale, as the default path) taking the products' K slices (session 79: the model
+# hands them over where the kernel runs), never yet on a GPU. In kernels' device time at 1K, the flag set and unset:
+# verify(16), verify(64) (bench.verify_profile), the op's bench (127 calls at 1 / 16 / 64 rows, a whole update), the AR
+# step (bench.harness --profile-steps), then the kernel's GPU tests.
 #   OUT=... bash bench/next/s79.sh        (writes $OUT/s79.tgz)
 #   dry run: CONFIG=tiny JAX_PLATFORMS=cpu PY=.venv/bin/python OUT=... bash bench/next/s79.sh
 export PYTHONPATH=. PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}

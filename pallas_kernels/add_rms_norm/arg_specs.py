@@ -19,3 +19,10 @@ def make_inputs(seed, shape, dtype):
     u = jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
     w = jnp.asarray(rng.standard_normal(shape[-1:]) * 0.1, jnp.float32).astype(dtype)
     return x, u, w
+
+
+def make_slices(seed, slices, shape, dtype=jnp.float32):
+    """The update as `slices` K slices [S, *shape] (each of scale 1 / sqrt(S), so that their sum is of scale 1), as
+    jaxspec.model.Linear hands them over: fp32 by default."""
+    rng = np.random.default_rng(seed + 1000)
+    return jnp.asarray(rng.standard_normal((slices,) + tuple(shape)) / np.sqrt(slices), jnp.float32).astype(dtype)

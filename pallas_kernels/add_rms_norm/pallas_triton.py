@@ -1,14 +1,20 @@
-"""Residual add + RMSNorm in the deferred form (reference.add_rms_norm) as one Pallas kernel (Triton lowering):
-a program per row reads x, u and w once and writes x + u, h = (x + u) * (offset + w) and the row scale r, where
-XLA runs two kernels a norm (the add; the sum of squares with h). Same contract as reference.add_rms_norm.
+"""Residual add + RMSNorm in the deferred form (reference.add_rms_norm) as one Pallas kernel (Triton lowering),
+where XLA runs two kernels a norm: the add, which also sums the K slices XLA splits a skinny product into, and
+the sum of squares with h.
 
-The row is walked in chunks of the largest power of two (at most 1024) dividing D: Triton's loads want
-power-of-two shapes, and 5120 = 5 x 1024. Every load comes first, so that all of a row's loads are in flight at
-once, and h does not wait for the sum of squares: only r does.
+It takes the update as the product's K slices (u [S, ..., D], jaxspec.model.Linear with `slices`; a plain
+update is one slice), so that nothing has to sum them before the call. A program per row and chunk of
+columns (at most 512, a power of two dividing D: Triton's blocks want power-of-two shapes) reads x, the
+slices and w there once and writes x + u, h = (x + u) * (offset + w) and its chunk's sum of squares; the row
+scale r = 1 / sqrt(sum / D + eps) is taken from those sums by the jnp after the call, which XLA fuses into the
+product that uses r. 16 rows of 5120 are 160 programs, where a program per row made 16.
 
-Until session 78 the kernel wrote the normalised row h * r instead. On an H100 (verify(16) at 1K,
-bench/results/2026-12-07-h100-s78/) it took 5.6 us a call against the default's 2.1 + 1.9, and XLA added a
-reduction after each product it fed, which the deferred row scale avoids.
+History: session 9's form (the normalised row out) made the AR round longer on the H200, and on an H100 in
+session 78 it added 0.26-0.52 ms of kernels to verify(16), verify(64) and the AR step at 1K
+(bench/results/2026-12-07-h100-s78/): 5.6 us a call (a program per row) against the default's 2.1 + 1.9, a
+reduction XLA added after each product it fed, and, ahead of the call, a sum of the K slices of each product
+feeding it (127 a step, 0.242 ms). Session 78's second form (deferred, a program per row, a plain update) was
+never run on a GPU; session 79 replaced it with this one.
 """
 
 from __future__ import annotations
@@ -22,47 +28,48 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 
-MAX_CHUNKS = 64     # the walk is unrolled: D = 5121 would be 5121 one-element chunks, slow to lower
+MAX_CHUNKS = 64     # a row in more chunks than this runs the reference (D = 5121 would be 5121 programs a row)
+MAX_CHUNK = 512
 
 
 def chunk_of(d: int) -> int:
-    return min(d & -d, 1024)
+    return min(d & -d, MAX_CHUNK)
 
 
-def supports(d: int) -> bool:
-    """Whether a row of width d is walked in at most MAX_CHUNKS chunks (the api runs the reference otherwise)."""
-    return d // chunk_of(d) <= MAX_CHUNKS
+def supports(d: int, slices: int = 1) -> bool:
+    """Whether the kernel takes rows of width d (in at most MAX_CHUNKS chunks) and `slices` slices of the update
+    (a power of two: a Triton block dimension). The api runs the reference otherwise."""
+    return d > 0 and d // chunk_of(d) <= MAX_CHUNKS and slices > 0 and slices & (slices - 1) == 0
 
 
-def _kernel(x_ref, u_ref, w_ref, s_ref, h_ref, r_ref, *, d, chunk, eps, offset):
+def _kernel(x_ref, u_ref, w_ref, s_ref, h_ref, q_ref, *, offset):
     f32 = jnp.float32
-    chunks = [pl.ds(c * chunk, chunk) for c in range(d // chunk)]
-    loaded = [(x_ref[cs], u_ref[cs], w_ref[cs]) for cs in chunks]
-    ss = jnp.zeros((), f32)
-    for cs, (x, u, w) in zip(chunks, loaded):
-        s = (x.astype(f32) + u.astype(f32)).astype(s_ref.dtype)
-        s_ref[cs] = s
-        sf = s.astype(f32)
-        h_ref[cs] = (sf * (offset + w.astype(f32))).astype(h_ref.dtype)
-        ss = ss + jnp.sum(sf * sf)
-    r_ref[...] = jnp.full((1,), lax.rsqrt(ss / d + eps), f32)
+    s = (x_ref[...].astype(f32) + jnp.sum(u_ref[...].astype(f32), 0)).astype(s_ref.dtype)
+    s_ref[...] = s
+    sf = s.astype(f32)
+    h_ref[...] = (sf * (offset + w_ref[...].astype(f32))).astype(h_ref.dtype)
+    q_ref[...] = jnp.full((1,), jnp.sum(sf * sf), f32)
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "offset", "interpret", "num_warps"))
 def add_rms_norm(x, u, w, *, eps: float, offset: float, interpret=False, num_warps=4):
-    """Same contract as reference.add_rms_norm."""
+    """Same contract as reference.add_rms_norm (u the update [..., D] or its slices [S, ..., D])."""
     shape, d = x.shape, x.shape[-1]
     rows = x.reshape(-1, d)
-    row = pl.BlockSpec((None, d), lambda i: (i, 0))
-    s, h, r = pl.pallas_call(
-        functools.partial(_kernel, d=d, chunk=chunk_of(d), eps=eps, offset=offset),
+    parts = (u[None] if u.ndim == x.ndim else u).reshape(-1, rows.shape[0], d)
+    chunk = chunk_of(d)
+    row = pl.BlockSpec((None, chunk), lambda i, c: (i, c))
+    s, h, q = pl.pallas_call(
+        functools.partial(_kernel, offset=offset),
         out_shape=(jax.ShapeDtypeStruct(rows.shape, x.dtype), jax.ShapeDtypeStruct(rows.shape, x.dtype),
-                   jax.ShapeDtypeStruct((rows.shape[0], 1), jnp.float32)),
-        grid=(rows.shape[0],),
-        in_specs=[row, row, pl.BlockSpec((d,), lambda i: (0,))],
-        out_specs=[row, row, pl.BlockSpec((None, 1), lambda i: (i, 0))],
+                   jax.ShapeDtypeStruct((rows.shape[0], d // chunk), jnp.float32)),
+        grid=(rows.shape[0], d // chunk),
+        in_specs=[row, pl.BlockSpec((parts.shape[0], None, chunk), lambda i, c: (0, i, c)),
+                  pl.BlockSpec((chunk,), lambda i, c: (c,))],
+        out_specs=[row, row, pl.BlockSpec((None, 1), lambda i, c: (i, c))],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps),
         interpret=interpret,
         name="add_rms_norm",
-    )(rows, u.reshape(-1, d), w)
+    )(rows, parts, w)
+    r = lax.rsqrt(jnp.sum(q, -1, keepdims=True) / d + eps)
     return s.reshape(shape), h.reshape(shape), r.reshape(shape[:-1] + (1,))
