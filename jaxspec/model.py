@@ -57,6 +57,9 @@ class Linear(nnx.Module):
         the product as that many K slices, fp32 [S, ..., out] with S = gcd(slices, in), for add_norm to sum (what
         XLA makes of a skinny product, handed to the add_rms_norm kernel instead of summed ahead of it)."""
         if slices:
+            if row_scale is not None:
+                raise ValueError("Linear: row_scale and slices together: the row scale of the norm in front would "
+                                 "be lost (slices are for the products in front of add_norm, which take none)")
             w = self.kernel[...]
             s = math.gcd(slices, w.shape[0])
             return jnp.einsum("...sk,skd->s...d", x.reshape(*x.shape[:-1], s, -1), w.reshape(s, -1, w.shape[1]),

@@ -462,10 +462,18 @@ def room_problem(abstract, mesh: Mesh | None, what: str) -> str | None:
 # ------------------------------------------------------------------------------------------------ kernels
 
 
-def _manual(fn, args, in_specs, out_specs):
-    """fn(*args) per shard with shard_map over (data, model) when a mesh with those axes is set; else fn(*args)."""
+def _manual_mesh():
+    """The mesh being traced under if it has the (data, model) axes and more than one device, else None."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or DATA not in mesh.axis_names or MODEL not in mesh.axis_names or mesh.size == 1:
+        return None
+    return mesh
+
+
+def _manual(fn, args, in_specs, out_specs):
+    """fn(*args) per shard with shard_map over (data, model) when a mesh with those axes is set; else fn(*args)."""
+    mesh = _manual_mesh()
+    if mesh is None:
         return fn(*args)
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
 
@@ -533,7 +541,10 @@ def vocab_choice(partial, combine, x):
 def per_shard_rows(fn, x, u, w):
     """A row-wise op on the residual stream (x, u [B, N, D], batch on the data axis, replicated over the
     model axis; w [D] replicated), e.g. pallas_kernels/add_rms_norm, run per shard; fn returns three arrays
-    [B, N, ...] of whole rows (add_rms_norm: x + u, h and the row scale [B, N, 1])."""
+    [B, N, ...] of whole rows (add_rms_norm: x + u, h and the row scale [B, N, 1]). Under a mesh u must be whole:
+    K slices [S, B, N, D] would be split along S (model.out_slices hands none over there)."""
+    if u.ndim != x.ndim and _manual_mesh() is not None:
+        raise ValueError(f"per_shard_rows: u {u.shape} must be a whole update of x's shape {x.shape}, not slices")
     rows = P(DATA, None, None)
     return _manual(fn, (x, u, w), (rows, rows, P()), (rows, rows, rows))
 

@@ -234,3 +234,21 @@ def test_gpu_kernel_with_slices_matches_reference(seed, slices, shape):
     u = make_slices(seed, slices, shape)
     out = jax.jit(lambda *a: pallas_triton.add_rms_norm(*a, eps=1e-6, offset=1.0))(x, u, w)
     assert_matches(out, jax.jit(lambda *a: reference.add_rms_norm(*a, eps=1e-6, offset=1.0))(x, u, w), jnp.bfloat16)
+
+
+def test_slices_are_refused_where_they_would_be_lost(seed):
+    """Linear refuses a row scale with slices (the scale would be dropped), and the per-shard path refuses slices
+    under a mesh (its row split would cut the slice axis): both by name, before any work."""
+    from flax import nnx
+
+    from jaxspec import sharding
+    from jaxspec.model import Linear
+    lin = Linear(16, 8, dtype=jnp.float32, rngs=nnx.Rngs(seed))
+    with pytest.raises(ValueError, match="^Linear: row_scale and slices together"):
+        lin(jnp.ones((2, 16)), row_scale=jnp.ones((2, 1)), slices=8)
+    x, _, w = make_inputs(seed, (2, 3, 64), jnp.float32)
+    u = make_slices(seed, 8, (2, 3, 64))
+    assert sharding.per_shard_rows(lambda *a: a, x, u, w)[1] is u        # no mesh: fn on the whole arrays
+    with jax.set_mesh(sharding.make_mesh(2, 2)):
+        with pytest.raises(ValueError, match=r"^per_shard_rows: u \(8, 2, 3, 64\) must be a whole update"):
+            sharding.per_shard_rows(lambda *a: a, x, u, w)
