@@ -46,6 +46,14 @@ def _init(rngs, shape, dtype, std=0.02):
     return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype) * std)
 
 
+def k_slices(x, w, slices: int):
+    """x [..., K] @ w [K, out] as gcd(slices, K) slices of K, fp32 [S, ..., out] (their sum is the product): one
+    batched einsum, the form XLA's split-K gives a skinny product."""
+    s = math.gcd(slices, w.shape[0])
+    return jnp.einsum("...sk,skd->s...d", x.reshape(*x.shape[:-1], s, -1), w.reshape(s, -1, w.shape[1]),
+                      preferred_element_type=jnp.float32)
+
+
 class Linear(nnx.Module):
     """y = x @ kernel, kernel [in, out] (the transpose of the PyTorch weight). No bias anywhere."""
 
@@ -60,10 +68,7 @@ class Linear(nnx.Module):
             if row_scale is not None:
                 raise ValueError("Linear: row_scale and slices together: the row scale of the norm in front would "
                                  "be lost (slices are for the products in front of add_norm, which take none)")
-            w = self.kernel[...]
-            s = math.gcd(slices, w.shape[0])
-            return jnp.einsum("...sk,skd->s...d", x.reshape(*x.shape[:-1], s, -1), w.reshape(s, -1, w.shape[1]),
-                              preferred_element_type=jnp.float32)
+            return k_slices(x, self.kernel[...], slices)
         y = skinny_matmul.matmul(x, self.kernel[...])     # XLA's dot unless JAXSPEC_SKINNY_MATMUL opts in
         return y if row_scale is None else (y.astype(jnp.float32) * row_scale).astype(y.dtype)
 

@@ -41,19 +41,13 @@ import jax
 import jax.numpy as jnp
 
 from bench import profile
+from jaxspec.model import k_slices
 from jaxspec.provenance import git_info
 from pallas_kernels.add_rms_norm import pallas_triton, reference
 
 D, K, CHUNK, EPS, OFFSET = 5120, 6144, 512, 1e-6, 1.0     # --small: 256, 384, 128
 FORMS = ("xla", "split_rows", "split_chunks", "xla_chunks", "split_pallas", "none")
 f32, bf16 = jnp.float32, jnp.bfloat16
-
-
-def split_product(a, wo, splits):
-    """a [R, K] @ wo [K, D] as `splits` K slices in f32: [splits, R, D] (what XLA's split-K makes)."""
-    r = a.shape[0]
-    return jnp.einsum("rsk,skd->srd", a.reshape(r, splits, -1), wo.reshape(splits, -1, wo.shape[1]),
-                      preferred_element_type=f32)
 
 
 def scale_of(q, d):
@@ -72,18 +66,17 @@ def pair(form, splits, interpret, x, a, wo, wi, w):
         if form == "xla":
             s, h, r = reference.add_rms_norm(x, u, w, eps=EPS, offset=OFFSET)
     else:
-        p = split_product(a, wo, splits)
+        p = k_slices(a, wo, splits)
         if form == "split_pallas":
             s, h, r = pallas_triton.add_rms_norm(x, p, w, eps=EPS, offset=OFFSET, interpret=interpret)
+        elif form == "split_rows":
+            s, h, r = reference.add_rms_norm(x, p, w, eps=EPS, offset=OFFSET)
         else:
-            s = (x.astype(f32) + jnp.sum(p, 0)).astype(x.dtype)
-    if form in ("split_rows", "split_chunks", "xla_chunks"):
+            s = reference.add(x, p)
+    if form in ("split_chunks", "xla_chunks"):       # the reference's s and h, the sum of squares by chunks
         sf = s.astype(f32)
         h = (sf * (OFFSET + w.astype(f32))).astype(x.dtype)
-        if form == "split_rows":
-            r = jax.lax.rsqrt(jnp.mean(sf * sf, -1, keepdims=True) + EPS)
-        else:
-            r = scale_of(jnp.sum((sf * sf).reshape(sf.shape[0], -1, CHUNK), -1), d)
+        r = scale_of(jnp.sum((sf * sf).reshape(sf.shape[0], -1, CHUNK), -1), d)
     return s, ((h @ wi).astype(f32) * r).astype(x.dtype)
 
 
